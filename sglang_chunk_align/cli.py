@@ -1,0 +1,137 @@
+"""`sglang-chunk-align doctor`: can this environment run the plugin? No GPU needed.
+
+It applies the patches in its own process, reports each patch point, and asks
+every installed attention-backend class what it declares under deterministic
+inference, using instances built without __init__ (no GPU, no model).
+"""
+
+import argparse
+import importlib
+import inspect
+import json
+import pkgutil
+import sys
+from importlib import metadata
+
+from . import patches
+from .compat import SUPPORTED_SGLANG, ChunkAlignError, check_sglang_version, installed_version
+
+# What a deterministic FlashInferAttnBackend.__init__ sets (flashinfer_backend.py).
+DETERMINISTIC_FLASHINFER_STATE = {
+    "enable_deterministic": True,
+    "prefill_split_tile_size": 4096,
+    "prefill_backend": "fa2",
+    "skip_prefill": False,
+}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="sglang-chunk-align")
+    commands = parser.add_subparsers(dest="command", required=True)
+    doctor = commands.add_parser("doctor", help="check the installed SGLang and the patch points")
+    doctor.add_argument("--json", action="store_true", help="print a JSON report")
+    args = parser.parse_args(argv)
+    report = run_doctor()
+    print(json.dumps(report, indent=2) if args.json else format_doctor(report))
+    return 0 if report["ok"] else 1
+
+
+def run_doctor():
+    version = installed_version()
+    report = {
+        "versions": {d: _dist_version(d) for d in ("sglang-chunk-align", "sglang", "flashinfer-python", "torch", "wrapt")},
+        "supported_sglang": str(SUPPORTED_SGLANG),
+        "problems": [],
+        "warnings": [],
+        "patch_points": [],
+        "backends": {},
+    }
+    try:
+        warning = check_sglang_version(version)
+        if warning:
+            report["warnings"].append(warning)
+        patches.apply()
+    except ChunkAlignError as error:
+        report["problems"].append(str(error))
+    applied = patches.installed_names()
+    selected = patches.selected_points(version) if version else []
+    for point in patches.PATCH_POINTS:
+        status = "applied" if point.name in applied else (
+            "not applied" if point in selected else f"not needed on SGLang {version}")
+        report["patch_points"].append(
+            {"name": point.name, "versions": str(point.versions), "reason": point.reason, "status": status}
+        )
+    if applied:
+        report["backends"] = declared_alignments()
+        if report["backends"].get("FlashInferAttnBackend") != 128:
+            report["problems"].append("FlashInferAttnBackend does not declare 128 under deterministic inference")
+        patches.remove()
+    report["ok"] = not report["problems"]
+    return report
+
+
+def declared_alignments():
+    """Class name -> prefill_chunk_align under deterministic inference.
+
+    Wrappers are built around a deterministic FlashInferAttnBackend child.
+    """
+    import sglang.srt.layers.attention as attention_package
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+    for module in pkgutil.iter_modules(attention_package.__path__, attention_package.__name__ + "."):
+        try:
+            importlib.import_module(module.name)
+        except Exception:  # a backend for other hardware; its classes stay unlisted
+            pass
+
+    child = _stand_in(FlashInferAttnBackend, DETERMINISTIC_FLASHINFER_STATE)
+    declared = {}
+    for cls in sorted(_subclasses(AttentionBackend), key=lambda c: c.__name__):
+        wrapped_children = dict.fromkeys(_forwarded_children(cls), child)
+        instance = _stand_in(cls, {**DETERMINISTIC_FLASHINFER_STATE, **wrapped_children})
+        declared[cls.__name__] = instance.prefill_chunk_align
+    return declared
+
+
+def format_doctor(report):
+    lines = ["sglang-chunk-align doctor"]
+    lines += [f"  {name:<20} {version or 'not installed'}" for name, version in report["versions"].items()]
+    lines.append(f"  supported SGLang     {report['supported_sglang']}")
+    lines.append("patch points:")
+    lines += [f"  [{p['status']}] {p['name']}  ({p['versions']}: {p['reason']})" for p in report["patch_points"]]
+    if report["backends"]:
+        lines.append("prefill_chunk_align under deterministic inference (wrappers around flashinfer):")
+        lines += [f"  {name:<40} {value}" for name, value in report["backends"].items()]
+    lines += [f"WARNING: {w}" for w in report["warnings"]]
+    lines += [f"PROBLEM: {p}" for p in report["problems"]]
+    lines.append("OK" if report["ok"] else "NOT OK")
+    return "\n".join(lines)
+
+
+def _dist_version(dist):
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def _forwarded_children(cls):
+    getter = getattr(inspect.getattr_static(cls, "prefill_chunk_align"), "fget", None)
+    return getattr(getter, "children", ())
+
+
+def _stand_in(cls, state):
+    instance = cls.__new__(cls)
+    instance.__dict__.update(state)
+    return instance
+
+
+if __name__ == "__main__":
+    sys.exit(main())

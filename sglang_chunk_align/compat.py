@@ -1,0 +1,68 @@
+"""Which SGLang releases the plugin supports, declared once as data.
+
+The version is read from package metadata, so checking it imports nothing of
+SGLang: the check runs in every process that loads plugins.
+"""
+
+import os
+from importlib import metadata
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+# Releases whose patch points were read and tested (README, "Supported versions").
+SUPPORTED_SGLANG = SpecifierSet(">=0.5.23,<0.5.24")
+# Set to 1 to try an untested newer release: every patch point is still checked.
+ALLOW_UNTESTED_ENV = "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED"
+
+
+class ChunkAlignError(RuntimeError):
+    """The plugin cannot make this SGLang align chunks correctly."""
+
+
+def installed_version(dist="sglang"):
+    """The installed version of `dist`, or None when it is not installed."""
+    try:
+        return Version(metadata.version(dist))
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def allow_untested():
+    raw = os.environ.get(ALLOW_UNTESTED_ENV, "")
+    if raw not in ("", "0", "1"):
+        raise ChunkAlignError(
+            f"{ALLOW_UNTESTED_ENV}={raw!r} is not valid: use 1 to allow an "
+            f"untested SGLang release, or 0 / unset to refuse it."
+        )
+    return raw == "1"
+
+
+def check_sglang_version(version):
+    """Return a warning string for an allowed untested release, else None.
+
+    Raises ChunkAlignError for a missing, older or (without the override)
+    newer SGLang.
+    """
+    if version is None:
+        raise ChunkAlignError("SGLang is not installed: install sglang first.")
+    if SUPPORTED_SGLANG.contains(version, prereleases=True):
+        return None
+    if version < _lowest_supported():
+        raise ChunkAlignError(
+            f"SGLang {version} is older than sglang-chunk-align supports "
+            f"({SUPPORTED_SGLANG}); upgrade SGLang."
+        )
+    if allow_untested():
+        return (
+            f"SGLang {version} is newer than the tested range ({SUPPORTED_SGLANG}); "
+            f"trying it because {ALLOW_UNTESTED_ENV}=1. Every patch point is still checked."
+        )
+    raise ChunkAlignError(
+        f"SGLang {version} is newer than the tested range ({SUPPORTED_SGLANG}). "
+        f"Upgrade sglang-chunk-align, or set {ALLOW_UNTESTED_ENV}=1 to try it."
+    )
+
+
+def _lowest_supported():
+    return min(Version(spec.version) for spec in SUPPORTED_SGLANG if ">" in spec.operator)

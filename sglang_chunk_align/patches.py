@@ -1,0 +1,182 @@
+"""Every patch point, with its reason and SGLang version range, in one table.
+
+apply() checks the SGLang version, resolves every point that the version
+gates select, and changes nothing unless all of them are found: a missing or
+changed point raises ChunkAlignError naming the version and the symbol.
+Each installed point records what its owner's __dict__ held (never read
+through getattr, which would bind descriptors), so remove() restores stock
+exactly and apply() twice is a no-op.
+
+All points are class attributes, looked up at call time, so no stale
+`from x import f` binding escapes them.
+"""
+
+import importlib
+import logging
+import threading
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import wrapt
+from packaging.specifiers import SpecifierSet
+
+from . import backends, scheduler_hooks
+from .compat import ChunkAlignError, check_sglang_version, installed_version
+
+logger = logging.getLogger("sglang_chunk_align")
+
+_ATTN = "sglang.srt.layers.attention."
+_ABSENT = object()
+
+
+@dataclass(frozen=True)
+class PatchPoint:
+    module: str
+    target: str  # "Class.attribute"
+    versions: SpecifierSet
+    reason: str
+    # wrap: a wrapt wrapper for an existing method; declare: a new attribute value.
+    wrapper: Callable = None
+    declare: object = _ABSENT
+
+    @property
+    def name(self):
+        return f"{self.module}.{self.target}"
+
+
+def _declare(module, target, value, reason, versions=">=0.5.23"):
+    return PatchPoint(module, target, SpecifierSet(versions), reason, declare=value)
+
+
+def _wrap(module, target, wrapper, reason, versions=">=0.5.23"):
+    return PatchPoint(module, target, SpecifierSet(versions), reason, wrapper=wrapper)
+
+
+PATCH_POINTS = (
+    _declare(_ATTN + "base_attn_backend", "AttentionBackend.prefill_chunk_align", None,
+             "default: a backend needs no prefill chunk alignment"),
+    _declare(_ATTN + "flashinfer_backend", "FlashInferAttnBackend.prefill_chunk_align",
+             property(backends.flashinfer_prefill_chunk_align),
+             "deterministic fa2 paged prefill is exact only for chunks on its 128-row q-tile grid"),
+    _declare(_ATTN + "trtllm_mha_backend", "TRTLLMHAAttnBackend.prefill_chunk_align", None,
+             "FlashInferAttnBackend subclass whose prefill runs TRT-LLM kernels"),
+    _declare(_ATTN + "llada2_cfg_flashinfer_backend",
+             "LLaDA2CFGFlashInferAttnBackend.prefill_chunk_align", None,
+             "FlashInferAttnBackend subclass whose diffusion prefill is not chunked fa2"),
+    _declare(_ATTN + "hybrid_attn_backend", "HybridAttnBackend.prefill_chunk_align",
+             property(backends.forward_to("prefill_backend")),
+             "EXTEND runs on the prefill backend"),
+    _declare(_ATTN + "hybrid_linear_attn_backend", "HybridLinearAttnBackend.prefill_chunk_align",
+             property(backends.forward_to("full_attn_backend")),
+             "full-attention layers run on the full-attention child; the mamba grid is SGLang's own LCM step"),
+    _declare(_ATTN + "tbo_backend", "TboAttnBackend.prefill_chunk_align",
+             property(backends.forward_to("primary")),
+             "its __getattr__ forwards to primary, but the base-class default would shadow it"),
+    _declare(_ATTN + "minimax_sparse_backend", "MiniMaxHybridAttnBackend.prefill_chunk_align",
+             property(backends.forward_to("dense", "sparse")),
+             "dense and sparse layers both prefill; the chunk must suit both"),
+    _declare(_ATTN + "dots_hybrid_backend", "DotsSWAMLAAttnBackend.prefill_chunk_align",
+             property(backends.forward_to("backend")),
+             "adds latent-cache SWA around its inner backend, which runs the prefill"),
+    _declare(_ATTN + "dots_hybrid_backend", "DotsHybridAttnBackend.prefill_chunk_align",
+             property(backends.forward_to("dsa_backend", "swa_backend")),
+             "DSA and SWA layers both prefill; the chunk must suit both"),
+    _wrap("sglang.srt.managers.scheduler", "Scheduler.init_deterministic_inference_config",
+          scheduler_hooks.init_alignment_from_backend,
+          "stock maps backend names to the 4096-token split tile; read the live backend instead"),
+    _wrap("sglang.srt.managers.scheduler", "Scheduler.check_truncation_align_fits_chunk",
+          scheduler_hooks.check_chunk_serves_alignment,
+          "stock points users at the split-tile variable and accepts chunks off the q-tile grid"),
+)
+
+# Installed only when apply() fails, so that a failure SGLang's plugin loader
+# swallows still stops deterministic flashinfer from starting with stock alignment.
+FAILURE_GUARD = _wrap("sglang.srt.managers.scheduler", "Scheduler.__init__", None,
+                      "refuse deterministic flashinfer when the plugin could not apply",
+                      versions=">=0")
+
+_lock = threading.Lock()
+_installed = {}  # point name -> (owner, attribute, what owner.__dict__ held)
+
+
+def apply():
+    """Install every patch point for the installed SGLang; a no-op when already applied."""
+    with _lock:
+        if _installed and FAILURE_GUARD.name not in _installed:
+            return
+        version = installed_version()
+        warning = check_sglang_version(version)
+        if warning:
+            logger.warning("sglang-chunk-align: %s", warning)
+        resolved = [(point, *_resolve(point, version)) for point in selected_points(version)]
+        _restore_all()  # drops a failure guard left by an earlier attempt
+        for point, owner, attribute, stock in resolved:
+            _install(point, owner, attribute, stock)
+
+
+def install_failure_guard(error):
+    """Make Scheduler.__init__ refuse deterministic flashinfer, citing `error`."""
+    with _lock:
+        if _installed:
+            return
+        guard = replace(FAILURE_GUARD, wrapper=scheduler_hooks.refuse_deterministic_flashinfer(error))
+        _install(guard, *_resolve(guard, installed_version()))
+
+
+def remove():
+    """Restore every patched attribute to exactly what stock SGLang had."""
+    with _lock:
+        _restore_all()
+
+
+def installed_names():
+    return set(_installed)
+
+
+def selected_points(version):
+    return [p for p in PATCH_POINTS if p.versions.contains(version, prereleases=True)]
+
+
+def _install(point, owner, attribute, stock):
+    if point.wrapper is not None:
+        wrapt.wrap_function_wrapper(owner, attribute, point.wrapper)
+    else:
+        setattr(owner, attribute, point.declare)
+    _installed[point.name] = (owner, attribute, stock)
+
+
+def _restore_all():
+    for owner, attribute, stock in reversed(list(_installed.values())):
+        if stock is _ABSENT:
+            delattr(owner, attribute)
+        else:
+            setattr(owner, attribute, stock)
+    _installed.clear()
+
+
+def selected_points(version):
+    return [p for p in PATCH_POINTS if p.versions.contains(version, prereleases=True)]
+
+
+def _resolve(point, version):
+    """(owner class, attribute, stock value in its __dict__), or ChunkAlignError."""
+    class_name, attribute = point.target.split(".")
+    try:
+        owner = getattr(importlib.import_module(point.module), class_name)
+    except (ImportError, AttributeError) as error:
+        raise ChunkAlignError(
+            f"SGLang {version}: patch point {point.name} is missing "
+            f"({type(error).__name__}: {error}); nothing was patched."
+        ) from error
+    stock = owner.__dict__.get(attribute, _ABSENT)
+    if point.wrapper is not None and not callable(stock):
+        raise ChunkAlignError(
+            f"SGLang {version}: patch point {point.name} is missing: "
+            f"{class_name} defines no method {attribute}; nothing was patched."
+        )
+    if point.wrapper is None and stock is not _ABSENT:
+        raise ChunkAlignError(
+            f"SGLang {version}: patch point {point.name} already exists in SGLang; "
+            f"this release needs a newer sglang-chunk-align. Nothing was patched."
+        )
+    return owner, attribute, stock

@@ -1,0 +1,30 @@
+"""SGLang plugin entry point `chunk_align` (group `sglang.srt.plugins`).
+
+SGLang's load_plugins() calls load() in every process that loads plugins
+(the launcher and each scheduler rank), logs any exception and carries on.
+So a failure is logged as an ERROR here, and a guard makes the scheduler
+refuse deterministic flashinfer instead of running stock alignment silently.
+"""
+
+import logging
+
+from .compat import ChunkAlignError
+from .patches import apply, install_failure_guard
+
+logger = logging.getLogger("sglang_chunk_align")
+
+
+def load():
+    try:
+        apply()
+    except ChunkAlignError as error:
+        logger.error(
+            "sglang-chunk-align FAILED: %s Deterministic flashinfer will refuse to start "
+            "while chunk_align is in SGLANG_PLUGINS.",
+            error,
+        )
+        try:
+            install_failure_guard(error)
+        except ChunkAlignError as guard_error:
+            logger.error("sglang-chunk-align: could not install its failure guard either: %s", guard_error)
+        raise

@@ -1,0 +1,76 @@
+"""Scheduler wrappers: take the chunk alignment from the live attention backend.
+
+Stock SGLang maps the backend *name* to SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE
+(4096) and refuses every smaller chunk. Here the alignment is whatever the
+live backend declares as `prefill_chunk_align`, the split-tile variable stays
+a pure kernel knob, and SGLang's later LCM steps (DSA kpool, mamba grid) keep
+combining with it. Wrappers use wrapt's (wrapped, instance, args, kwargs)
+signature; patches.py says where each one goes.
+"""
+
+import logging
+
+from .alignment import chunk_size_error
+from .backends import backend_alignment
+
+logger = logging.getLogger("sglang_chunk_align")
+
+
+def live_backend(scheduler):
+    return scheduler.tp_worker.model_runner.attn_backend
+
+
+def init_alignment_from_backend(wrapped, instance, args, kwargs):
+    """Replaces Scheduler.init_deterministic_inference_config."""
+    instance.truncation_align_size, _ = backend_alignment(live_backend(instance))
+
+
+def check_chunk_serves_alignment(wrapped, instance, args, kwargs):
+    """Replaces Scheduler.check_truncation_align_fits_chunk: runs after the LCM steps."""
+    q_tile, declared = backend_alignment(live_backend(instance))
+    align = instance.truncation_align_size
+    logger.info(
+        "sglang-chunk-align: prefill chunks aligned to %s (%s)",
+        f"{align} tokens" if align else "nothing",
+        declared,
+    )
+    if _is_decode_server(instance):
+        return  # A decode server never prefills a prompt.
+    problem = chunk_size_error(
+        instance.chunked_prefill_size, align, q_tile, _attn_dp_size(instance.server_args)
+    )
+    if problem:
+        raise ValueError(problem)
+
+
+def _is_decode_server(scheduler):
+    mode = getattr(scheduler, "disaggregation_mode", None)
+    return getattr(mode, "value", mode) == "decode"
+
+
+def _attn_dp_size(server_args):
+    return server_args.dp_size if getattr(server_args, "enable_dp_attention", False) else 1
+
+
+def refuse_deterministic_flashinfer(error):
+    """A Scheduler.__init__ wrapper for when apply() failed: never run stock alignment silently."""
+
+    def refuse(wrapped, instance, args, kwargs):
+        server_args = kwargs.get("server_args", args[0] if args else None)
+        if _is_deterministic_flashinfer(server_args):
+            raise RuntimeError(
+                f"sglang-chunk-align is selected (SGLANG_PLUGINS) but could not patch SGLang: "
+                f"{error} Refusing to start deterministic flashinfer with stock chunk "
+                f"alignment. Install a supported SGLang, or drop chunk_align from SGLANG_PLUGINS."
+            )
+        return wrapped(*args, **kwargs)
+
+    return refuse
+
+
+def _is_deterministic_flashinfer(server_args):
+    backends = {
+        getattr(server_args, "attention_backend", None),
+        getattr(server_args, "prefill_attention_backend", None),
+    }
+    return getattr(server_args, "enable_deterministic_inference", False) and "flashinfer" in backends
