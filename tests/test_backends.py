@@ -1,0 +1,127 @@
+"""What every attention-backend kind declares, on real SGLang classes."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import flashinfer_backend, published
+
+
+@pytest.fixture
+def deterministic(plugin):
+    with published(deterministic=True) as server_args:
+        yield server_args
+
+
+def _bare(cls):
+    """An instance without __init__ (which needs a GPU), holding the pool references wrappers copy."""
+    instance = cls.__new__(cls)
+    instance.token_to_kv_pool = instance.req_to_token_pool = instance.kv_index_translator = None
+    return instance
+
+
+def _class(module, name):
+    import importlib
+
+    return getattr(importlib.import_module("sglang.srt.layers.attention." + module), name)
+
+
+def test_base_backend_declares_none(deterministic):
+    AttentionBackend = _class("base_attn_backend", "AttentionBackend")
+    TritonAttnBackend = _class("triton_backend", "TritonAttnBackend")
+    assert AttentionBackend.prefill_chunk_align is None
+    assert TritonAttnBackend.__new__(TritonAttnBackend).prefill_chunk_align is None
+
+
+def test_deterministic_flashinfer_declares_the_q_tile(deterministic):
+    from sglang_chunk_align.alignment import PREFILL_Q_TILE_TOKENS
+
+    assert PREFILL_Q_TILE_TOKENS == 128
+    assert flashinfer_backend().prefill_chunk_align == 128
+
+
+def test_flashinfer_declares_none_without_deterministic_inference(plugin):
+    with published(deterministic=False):
+        assert flashinfer_backend().prefill_chunk_align is None
+
+
+def test_flashinfer_declares_none_without_a_fixed_split_or_fa2(deterministic):
+    unsplit = flashinfer_backend()
+    unsplit.prefill_split_tile_size = None
+    other_kernel = flashinfer_backend()
+    other_kernel.prefill_backend = "fa3"
+    assert unsplit.prefill_chunk_align is None and other_kernel.prefill_chunk_align is None
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [("trtllm_mha_backend", "TRTLLMHAAttnBackend"), ("llada2_cfg_flashinfer_backend", "LLaDA2CFGFlashInferAttnBackend")],
+)
+def test_flashinfer_subclasses_running_other_kernels_declare_none(deterministic, module, name):
+    cls = _class(module, name)
+    assert issubclass(cls, _class("flashinfer_backend", "FlashInferAttnBackend"))
+    assert flashinfer_backend(cls).prefill_chunk_align is None
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [("flashinfer_mla_backend", "FlashInferMLAAttnBackend"), ("trtllm_mla_backend", "TRTLLMMLABackend")],
+)
+def test_flashinfer_mla_backends_declare_none(deterministic, module, name):
+    cls = _class(module, name)
+    instance = cls.__new__(cls)
+    instance.enable_deterministic = True  # even with deterministic state it has no fixed-split fa2 prefill
+    assert instance.prefill_chunk_align is None
+
+
+def test_hybrid_forwards_its_prefill_backend(deterministic):
+    HybridAttnBackend = _class("hybrid_attn_backend", "HybridAttnBackend")
+    TritonAttnBackend = _class("triton_backend", "TritonAttnBackend")
+    runner = SimpleNamespace(  # stand-in for the GPU model runner
+        kv_cache_dtype=None, token_to_kv_pool=None, req_to_token_pool=None, kv_index_translator=None,
+        model_config=SimpleNamespace(context_len=4096),
+    )
+    triton = TritonAttnBackend.__new__(TritonAttnBackend)
+    assert HybridAttnBackend(runner, flashinfer_backend(), triton).prefill_chunk_align == 128
+    assert HybridAttnBackend(runner, triton, flashinfer_backend()).prefill_chunk_align is None
+
+
+@pytest.mark.parametrize("name", ["HybridLinearAttnBackend", "ShortConvHybridAttnBackend"])
+def test_hybrid_linear_forwards_its_full_attention_backend(deterministic, name):
+    cls = _class("hybrid_linear_attn_backend", name)
+    Mamba2AttnBackend = _class("hybrid_linear_attn_backend", "Mamba2AttnBackend")
+    linear = Mamba2AttnBackend.__new__(Mamba2AttnBackend)
+    assert cls(flashinfer_backend(), linear, [0]).prefill_chunk_align == 128
+    with published(deterministic=False):
+        assert cls(flashinfer_backend(), linear, [0]).prefill_chunk_align is None
+
+
+def test_tbo_forwards_its_primary(deterministic):
+    TboAttnBackend = _class("tbo_backend", "TboAttnBackend")
+    assert TboAttnBackend(flashinfer_backend(), [flashinfer_backend()]).prefill_chunk_align == 128
+    skipping = flashinfer_backend(skip_prefill=True)
+    assert TboAttnBackend(skipping, [flashinfer_backend()]).prefill_chunk_align is None
+
+
+def test_minimax_hybrid_combines_dense_and_sparse(deterministic):
+    cls = _class("minimax_sparse_backend", "MiniMaxHybridAttnBackend")
+    sparse_cls = _class("minimax_sparse_backend", "MiniMaxSparseAttnBackend")
+    assert cls(flashinfer_backend(), sparse_cls.__new__(sparse_cls), [1]).prefill_chunk_align == 128
+
+
+def test_dots_wrappers_forward_their_children(deterministic):
+    swa_cls = _class("dots_hybrid_backend", "DotsSWAMLAAttnBackend")
+    hybrid_cls = _class("dots_hybrid_backend", "DotsHybridAttnBackend")
+    mla_cls = _class("flashinfer_mla_backend", "FlashInferMLAAttnBackend")
+    swa = swa_cls(flashinfer_backend())
+    assert swa.prefill_chunk_align == 128
+    assert hybrid_cls(_bare(mla_cls), swa).prefill_chunk_align == 128
+    assert hybrid_cls(_bare(mla_cls), swa_cls(_bare(mla_cls))).prefill_chunk_align is None
+
+
+def test_kimi_linear_under_flashinfer_keeps_only_the_mamba_grid(deterministic):
+    """Kimi-Linear is MLA + KDA: flashinfer selects the MLA backend, which has no deterministic fa2."""
+    cls = _class("hybrid_linear_attn_backend", "HybridLinearAttnBackend")
+    mla_cls = _class("flashinfer_mla_backend", "FlashInferMLAAttnBackend")
+    kda_cls = _class("linear.kda_backend", "KDAAttnBackend")
+    assert cls(_bare(mla_cls), kda_cls.__new__(kda_cls), [3]).prefill_chunk_align is None

@@ -1,0 +1,89 @@
+"""The Scheduler's own alignment steps, stock and patched, on real server configs."""
+
+import inspect
+
+import pytest
+
+import sglang_chunk_align
+from conftest import ALIGNMENT_STEPS, flashinfer_backend, scheduler_alignment
+
+
+def test_stock_scheduler_runs_the_alignment_steps_in_this_order():
+    from sglang.srt.managers.scheduler import Scheduler
+
+    source = inspect.getsource(Scheduler.__init__)
+    positions = [source.index(f"self.{step}()") for step in ALIGNMENT_STEPS]
+    assert positions == sorted(positions)
+
+
+def test_stock_aligns_to_the_split_tile_and_rejects_256():
+    with pytest.raises(ValueError, match="aligned to 4096 tokens"):
+        scheduler_alignment(chunk=256)
+    assert scheduler_alignment(chunk=4096) == 4096
+
+
+def test_plugin_aligns_to_the_q_tile(plugin):
+    assert scheduler_alignment(chunk=256) == 128
+    assert scheduler_alignment(chunk=128) == 128
+
+
+def test_remove_restores_stock(plugin):
+    assert scheduler_alignment(chunk=256) == 128
+    sglang_chunk_align.remove()
+    with pytest.raises(ValueError, match="SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE"):
+        scheduler_alignment(chunk=256)
+
+
+def test_chunk_below_the_alignment_is_refused(plugin):
+    with pytest.raises(ValueError, match="aligned to 128 tokens") as refused:
+        scheduler_alignment(chunk=100)
+    assert "at least 128" in str(refused.value)
+    assert "SPLIT_TILE" not in str(refused.value)
+
+
+@pytest.mark.parametrize("chunk, sizes", [(200, "128 or 256"), (300, "256 or 384"), (1000, "896 or 1024")])
+def test_chunk_off_the_grid_is_refused_with_the_nearest_valid_sizes(plugin, chunk, sizes):
+    with pytest.raises(ValueError, match="not a multiple of 128") as refused:
+        scheduler_alignment(chunk=chunk)
+    assert f"--chunked-prefill-size {sizes}" in str(refused.value)
+
+
+def test_split_tile_variable_does_not_move_the_alignment(plugin, monkeypatch):
+    monkeypatch.setenv("SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE", "1024")
+    assert scheduler_alignment(chunk=256) == 128
+
+
+def test_split_tile_variable_moves_stock_alignment(monkeypatch):
+    """The check above is sensitive: stock follows the variable."""
+    monkeypatch.setenv("SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE", "1024")
+    assert scheduler_alignment(chunk=1024) == 1024
+
+
+def test_no_alignment_without_deterministic_inference(plugin):
+    assert scheduler_alignment(deterministic=False, chunk=100) is None
+
+
+def test_no_alignment_when_the_backend_skips_prefill(plugin):
+    assert scheduler_alignment(lambda: flashinfer_backend(skip_prefill=True), chunk=100) is None
+
+
+def test_dp_attention_message_names_the_total_size():
+    from sglang_chunk_align.alignment import chunk_size_error
+
+    message = chunk_size_error(100, 128, 128, attn_dp_size=2)
+    assert "split across 2 DP attention ranks" in message and "at least 256" in message
+
+
+def test_mamba_grid_combines_by_lcm(plugin, monkeypatch):
+    from sglang.srt.managers import scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "mamba_prefill_chunk_grid", lambda: 256)
+    assert scheduler_alignment(chunk=512) == 256
+    with pytest.raises(ValueError, match="aligned to 256 tokens"):
+        scheduler_alignment(chunk=128)
+
+
+def test_scheduler_logs_the_chosen_alignment_and_backend(plugin, caplog):
+    with caplog.at_level("INFO", logger="sglang_chunk_align"):
+        scheduler_alignment(chunk=256)
+    assert "aligned to 128 tokens (FlashInferAttnBackend.prefill_chunk_align = 128)" in caplog.text
