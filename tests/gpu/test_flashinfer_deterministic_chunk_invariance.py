@@ -24,6 +24,8 @@ import pytest
 
 from sglang_chunk_align.alignment import PREFILL_Q_TILE_TOKENS
 
+pytestmark = pytest.mark.gpu
+
 torch = pytest.importorskip(
     "torch", reason="torch is not installed: this kernel test needs torch with CUDA and flashinfer"
 )

@@ -1,0 +1,112 @@
+"""Loading through SGLang's own plugin loader, and every order of import, apply and
+remove, each in a fresh interpreter (the dd-trace-py pattern)."""
+
+import json
+
+import pytest
+
+from conftest import run_python
+
+# Runs the comma-separated steps in $ORDER, then prints the patch points' state as JSON.
+ORDER_SCRIPT = r'''
+import importlib, json, os
+import wrapt
+from sglang_chunk_align import patches
+
+ABSENT = object()
+
+def owner_dicts():
+    state = {}
+    for point in patches.PATCH_POINTS:
+        class_name, attribute = point.target.split(".")
+        owner = getattr(importlib.import_module(point.module), class_name)
+        state[point.name] = owner.__dict__.get(attribute, ABSENT)
+    return state
+
+stock = None
+for step in os.environ["ORDER"].split(","):
+    if step == "import":
+        stock = owner_dicts()
+    elif step == "load_plugins":
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+    elif step == "load":
+        from sglang_chunk_align.plugin import load
+        load()
+    else:
+        getattr(patches, step)()
+
+final = owner_dicts()
+print(json.dumps({
+    "installed": sorted(patches.installed_names()),
+    "present": sorted(n for n, v in final.items() if v is not ABSENT),
+    "wrapped": sorted(n for n, v in final.items() if isinstance(v, wrapt.FunctionWrapper)),
+    "double_wrapped": sorted(
+        n for n, v in final.items()
+        if isinstance(v, wrapt.FunctionWrapper) and isinstance(v.__wrapped__, wrapt.FunctionWrapper)
+    ),
+    "identical_to_stock": stock is not None and all(final[n] is stock[n] for n in final),
+}))
+'''
+
+
+def run_order(order, plugins="chunk_align"):
+    result = run_python(ORDER_SCRIPT, ORDER=order, SGLANG_PLUGINS=plugins)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _all_points():
+    from sglang_chunk_align.patches import PATCH_POINTS
+
+    return sorted(p.name for p in PATCH_POINTS)
+
+
+def _methods():
+    from sglang_chunk_align.patches import PATCH_POINTS
+
+    return sorted(p.name for p in PATCH_POINTS if p.wrapper is not None)
+
+
+def _stock_methods_only(state):
+    """What stock 0.5.23 has: the two scheduler methods, unwrapped, and no declarations."""
+    return state["present"] == _methods() and state["wrapped"] == [] and state["installed"] == []
+
+
+def test_sglang_load_plugins_applies_the_entry_point():
+    state = run_order("load_plugins")
+    assert state["installed"] == _all_points()
+    assert state["present"] == _all_points()
+    assert state["wrapped"] == _methods()
+
+
+def test_sglang_load_plugins_skips_it_when_another_plugin_is_selected():
+    assert _stock_methods_only(run_order("load_plugins", plugins="some_other_plugin"))
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        "import,apply",
+        "apply,import",
+        "import,apply,apply",
+        "load_plugins,load,apply",
+        "import,apply,remove,apply",
+    ],
+)
+def test_orders_that_end_applied_patch_once(order):
+    state = run_order(order)
+    assert state["installed"] == _all_points()
+    assert state["wrapped"] == _methods()
+    assert state["double_wrapped"] == []
+
+
+@pytest.mark.parametrize("order", ["import,apply,remove", "import,apply,apply,remove", "import,remove", "import,load,remove,remove"])
+def test_orders_that_end_removed_restore_stock_exactly(order):
+    state = run_order(order)
+    assert state["identical_to_stock"]
+    assert _stock_methods_only(state)
+
+
+def test_remove_before_import_leaves_stock():
+    assert _stock_methods_only(run_order("apply,remove,import"))
