@@ -544,7 +544,7 @@ def donor_runs(schedule):
 # ---------------------------------------------------------------------------
 
 GRID_TOKENS = 128  # fa2's 128-row q-tile is 128 tokens or fewer for every GQA group
-SHORT_KV_TOKENS = 32  # requests this short matched their solo rows in every probe
+SHORT_KV_TOKENS = 32  # rows whose causal KV is this short matched their solo rows in every probe
 
 
 def schedule_stats(schedule, requests):
@@ -558,7 +558,7 @@ def schedule_stats(schedule, requests):
         extends=len(entries),
         mean_batch=round(len(entries) / max(1, schedule["prefill_steps"]), 2),
         chunked_requests=sum(n > 1 for n in extends_per_req.values()),
-        off_grid_starts=sum(s % GRID_TOKENS != 0 for _, s, _ in entries),
+        starts_off_128=sum(s % GRID_TOKENS != 0 for _, s, _ in entries),
         short_cuts=sum(e < requests[rid].prompt_len and e - s < schedule["chunk"] for rid, s, e in entries),
         radix_hit_tokens=schedule["radix_hit_tokens"],
         retracted=schedule["retracted"],
@@ -574,32 +574,32 @@ def cta_tile_q(avg_packed_qo_len, head_dim):
 
 
 def predict_hazards(schedule, requests, shape: ModelShape):
-    """rid -> sorted hazards: tile (batch tile != solo tile), off-grid start, donor (a hazard in reused KV).
+    """rid -> sorted hazards: tile (batch tile != solo tile), off-grid (start off the solo q-tile
+    grid), donor (a hazard in the rows that computed the KV it reuses).
 
-    None when the configuration has no fixed split: its KV split follows the batch.
+    A hazard covers the rows of its extend whose causal KV is longer than
+    SHORT_KV_TOKENS and that lie in the prompt (re-prefilled outputs are not
+    compared). None when the configuration has no fixed split: its KV split
+    follows the batch.
     """
     if schedule["fixed_split"] is None:
         return None
     g, d = shape.group, shape.head_dim
     solo_tile = {rid: cta_tile_q(r.prompt_len * g, d) for rid, r in requests.items()}
-    own = {rid: [] for rid in requests}  # rid -> [(start, end, hazards)]
+    spans = {rid: [] for rid in requests}  # rid -> [(first row, end row, hazards)]
     for step in schedule["steps"]:
         tile = cta_tile_q(sum((e - s) * g for _, s, e in step) // len(step), d)
         for rid, s, e in step:
-            length = requests[rid].prompt_len
-            if length <= SHORT_KV_TOKENS or s >= length:
-                continue
-            found = set()
-            if tile != solo_tile[rid]:
-                found.add("tile")
+            rows = (max(s, SHORT_KV_TOKENS), min(e, requests[rid].prompt_len))
+            found = {"tile"} if tile != solo_tile[rid] else set()
             if s * g % solo_tile[rid]:
                 found.add("off-grid")
-            own[rid].append((s, min(e, length), found))
-    hazards = {rid: set().union(*(h for _, _, h in spans)) if spans else set() for rid, spans in own.items()}
+            if found and rows[0] < rows[1]:
+                spans[rid].append((*rows, found))
+    hazards = {rid: set().union(*(h for _, _, h in own)) for rid, own in spans.items()}
     for rid, runs in donor_runs(schedule).items():
-        for donor, a, b in runs:
-            if any(h and s < b and a < e for s, e, h in own[donor]):
-                hazards[rid].add("donor")
+        if any(lo < b and a < hi for donor, a, b in runs for lo, hi, _ in spans[donor]):
+            hazards[rid].add("donor")
     return {rid: sorted(h) for rid, h in hazards.items()}
 
 
@@ -836,7 +836,7 @@ def schedule_report(doc, shapes=SHAPES):
     """Schedule statistics and predicted hazards, one row per (radix, configuration)."""
     requests = load_requests(doc)
     header = ["radix", "config", "chunk", "align", "split", "prefill steps", "decode steps", "mean batch",
-              "chunked reqs", "off-grid starts", "short cuts", "radix hit tokens", "retracted"]
+              "chunked reqs", "starts off 128", "short cuts", "radix hit tokens", "retracted"]
     header += [f"predicted exact % {s.name} (tile/off-grid/donor)" for s in shapes]
     rows = []
     for schedule in doc["schedules"]:
@@ -844,7 +844,7 @@ def schedule_report(doc, shapes=SHAPES):
         row = ["on" if schedule["radix"] else "off", schedule["config"], schedule["chunk"],
                schedule["truncation_align_size"], schedule["fixed_split"], stats["prefill_steps"],
                stats["decode_steps"], stats["mean_batch"], stats["chunked_requests"],
-               stats["off_grid_starts"], stats["short_cuts"], stats["radix_hit_tokens"], stats["retracted"]]
+               stats["starts_off_128"], stats["short_cuts"], stats["radix_hit_tokens"], stats["retracted"]]
         for shape in shapes:
             p = prediction_summary(predict_hazards(schedule, requests, shape))
             row.append("n/a" if p["predicted_exact_pct"] is None
@@ -915,15 +915,16 @@ def main(argv=None):
         return 2
     with open(args.schedules) as f:
         doc = json.load(f)
-    start = time.perf_counter()
-    rows = replay(doc, [s for s in SHAPES if s.name in args.shapes])
-    meta = dict(
-        doc["meta"], gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-        flashinfer=flashinfer.__version__, replay_s=round(time.perf_counter() - start, 1),
-    )
+    start, rows = time.perf_counter(), []
+    meta = dict(doc["meta"], gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                flashinfer=flashinfer.__version__)
+    for shape in SHAPES:
+        if shape.name in args.shapes:
+            rows += replay(doc, [shape])
+            meta["replay_s"] = round(time.perf_counter() - start, 1)
+            if args.json:  # after each shape, so a run cut short keeps what it measured
+                _write_json(args.json, dict(meta=meta, rows=rows))
     print(f"\n{meta}\n\n{results_table(rows)}")
-    if args.json:
-        _write_json(args.json, dict(meta=meta, rows=rows))
     return 0
 
 

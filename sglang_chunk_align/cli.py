@@ -6,6 +6,7 @@ inference, using instances built without __init__ (no GPU, no model).
 """
 
 import argparse
+import contextlib
 import importlib
 import inspect
 import json
@@ -31,7 +32,8 @@ def main(argv=None):
     doctor = commands.add_parser("doctor", help="check the installed SGLang and the patch points")
     doctor.add_argument("--json", action="store_true", help="print a JSON report")
     args = parser.parse_args(argv)
-    report = run_doctor()
+    with contextlib.redirect_stdout(sys.stderr):  # some SGLang modules print on import
+        report = run_doctor()
     print(json.dumps(report, indent=2) if args.json else format_doctor(report))
     return 0 if report["ok"] else 1
 

@@ -44,6 +44,7 @@ def check_sglang_version(version):
     Raises ChunkAlignError for a missing, older or (without the override)
     newer SGLang.
     """
+    override = allow_untested()  # validated even when not needed
     if version is None:
         raise ChunkAlignError("SGLang is not installed: install sglang first.")
     if SUPPORTED_SGLANG.contains(version, prereleases=True):
@@ -53,7 +54,7 @@ def check_sglang_version(version):
             f"SGLang {version} is older than sglang-chunk-align supports "
             f"({SUPPORTED_SGLANG}); upgrade SGLang."
         )
-    if allow_untested():
+    if override:
         return (
             f"SGLang {version} is newer than the tested range ({SUPPORTED_SGLANG}); "
             f"trying it because {ALLOW_UNTESTED_ENV}=1. Every patch point is still checked."

@@ -1,0 +1,175 @@
+"""CPU checks of benchmarks/replay_determinism.py on the small CI workload.
+
+The schedules come from SGLang's real PrefillAdder; the replay runs on CPU
+with stand-in kernels: one that is exact by construction, and one that
+follows the tile/grid rule the benchmark predicts with, so measured results
+must equal the predictions row for row.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import replay_determinism as rd  # noqa: E402
+
+pytest.importorskip("sglang")
+torch = pytest.importorskip("torch")
+
+TINY_SHAPES = (rd.ModelShape("g4-d8", 8, 2, 8), rd.ModelShape("g2-d256", 4, 2, 256))
+
+
+@pytest.fixture(scope="module")
+def doc():
+    return rd.schedule_workload(rd.SMALL_WORKLOAD)
+
+
+def by_name(doc, config, radix):
+    (schedule,) = [s for s in doc["schedules"] if s["config"] == config and s["radix"] == radix]
+    return schedule
+
+
+def test_workload_is_fixed():
+    first, groups = rd.make_workload(rd.FULL_WORKLOAD)
+    assert (first, groups) == rd.make_workload(rd.FULL_WORKLOAD)
+    assert len(first) >= 200
+    assert {r.prompt_len for r in first} <= set(range(1, 8193))
+    assert any(r.shared_len for r in first) and len({r.arrival_step for r in first}) == rd.FULL_WORKLOAD.n_waves
+    assert rd.make_workload(rd.FULL_WORKLOAD, seed=1) != (first, groups)
+
+
+def test_committed_schedules_match_the_generator():
+    with open(os.path.join(ROOT, "benchmarks", "schedules.json")) as f:
+        committed = json.load(f)
+    requests, group_lens = rd.make_workload(rd.FULL_WORKLOAD)
+    assert committed["requests"] == [rd.asdict(r) for r in requests]
+    assert committed["group_lens"] == group_lens
+    assert committed["meta"]["seed"] == rd.WORKLOAD_SEED
+
+
+def test_alignment_comes_from_the_scheduler(doc):
+    aligns = {s["config"]: s["truncation_align_size"] for s in doc["schedules"]}
+    assert aligns["stock-4096"] == 4096
+    assert aligns["upstream-128"] == 128
+    assert aligns["plugin-128"] == aligns["plugin-1024"] == 128
+    assert aligns["nondeterministic"] is None
+
+
+def test_every_request_prefills_its_whole_prompt_in_order(doc):
+    requests = rd.load_requests(doc)
+    for schedule in doc["schedules"]:
+        donors = rd.donor_runs(schedule)
+        position = {rid: sum(b - a for _, a, b in donors.get(rid, [])) for rid in requests}
+        for step in schedule["steps"]:
+            assert sum(e - s for _, s, e in step) <= schedule["chunk"]  # the chunk budget binds
+            for rid, s, e in step:
+                assert s == position[rid] < e, (schedule["config"], rid)
+                position[rid] = e
+        assert schedule["retracted"] == 0 and not schedule["aborted"]
+        assert position == {rid: r.prompt_len for rid, r in requests.items()}, schedule["config"]
+
+
+def test_radix_off_keeps_aligned_configs_on_the_grid(doc):
+    for config in ("stock-4096", "upstream-128", "plugin-256"):
+        schedule = by_name(doc, config, radix=False)
+        assert all(s % 128 == 0 for step in schedule["steps"] for _, s, _ in step), config
+        assert schedule["radix_hit_tokens"] == 0 and not schedule["donors"]
+
+
+def test_radix_hits_land_off_the_grid(doc):
+    requests = rd.load_requests(doc)
+    schedule = by_name(doc, "stock-4096", radix=True)
+    assert rd.schedule_stats(schedule, requests)["starts_off_128"] > 0
+    hazards = rd.predict_hazards(schedule, requests, rd.SHAPES[0])
+    assert any("off-grid" in h for h in hazards.values())
+    assert any("donor" in h for h in hazards.values())
+
+
+def test_small_chunks_predict_tile_hazards_solo_would_not_have(doc):
+    requests = rd.load_requests(doc)
+    for config in ("upstream-128", "plugin-128"):
+        schedule = by_name(doc, config, radix=True)
+        hazards = rd.predict_hazards(schedule, requests, rd.SHAPES[0])
+        tiled = [rid for rid, h in hazards.items() if "tile" in h]
+        assert tiled, config
+        # Alone and unchunked, each of these requests would be one batch with its solo tile.
+        solo = {"steps": [[(rid, 0, requests[rid].prompt_len)] for rid in tiled],
+                "donors": {}, "fixed_split": schedule["fixed_split"]}
+        assert not any(rd.predict_hazards(solo, requests, rd.SHAPES[0]).values())
+    assert rd.predict_hazards(by_name(doc, "nondeterministic", True), requests, rd.SHAPES[0]) is None
+
+
+def test_schedule_command_prints_the_report(capsys, tmp_path):
+    out = tmp_path / "small.json"
+    assert rd.main(["schedule", "--small", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| on | stock-4096 |" in printed and "predicted exact % g4-d128" in printed
+    assert len(json.loads(out.read_text())["schedules"]) == 2 * len(rd.CONFIGS)
+
+
+class ExactKernel:
+    """Stand-in for fa2: each output row depends only on its own position's Q/K/V."""
+
+    def __init__(self, shape, device):
+        self.shape, self.plan_calls = shape, 0
+
+    def rows(self, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices):
+        """(row -> batch index, row -> position in its request)."""
+        qo_lens = (qo_indptr[1:] - qo_indptr[:-1]).long()
+        kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).long()
+        batch = torch.repeat_interleave(torch.arange(len(qo_lens)), qo_lens)
+        first = (kv_lens - qo_lens)[batch]
+        position = first + torch.arange(len(batch)) - qo_indptr[:-1].long()[batch]
+        slot = kv_indices.long()[kv_indptr[:-1].long()[batch] + position]
+        group = self.shape.group
+        k = k_cache[slot, 0].repeat_interleave(group, dim=1)
+        v = v_cache[kv_indices.long()[kv_indptr[:-1].long()[batch]], 0].repeat_interleave(group, dim=1)
+        return batch, position, q + k + v
+
+    def __call__(self, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, fixed_split):
+        self.plan_calls += 1
+        return self.rows(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices)[2]
+
+    def take_timing(self):
+        calls, self.plan_calls = self.plan_calls, 0
+        return calls, 0.0, 0.0
+
+
+class TileRuleKernel(ExactKernel):
+    """Off by a tile-dependent amount: exact only where the benchmark predicts no hazard."""
+
+    def __call__(self, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, fixed_split):
+        batch, position, out = self.rows(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices)
+        self.plan_calls += 1
+        qo_lens = (qo_indptr[1:] - qo_indptr[:-1]).long()
+        kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).long()
+        g = self.shape.group
+        tile = rd.cta_tile_q(int(qo_lens.sum()) * g // len(qo_lens), self.shape.head_dim)
+        start = kv_lens - qo_lens
+        skew = (tile / 64 + 4 * ((start * g) % tile != 0).float())[batch]
+        skew = torch.where(position < rd.SHORT_KV_TOKENS, 0.0, skew)  # rows with a short causal KV
+        return out + skew[:, None, None].to(out.dtype)
+
+
+def test_replay_plumbing_is_exact_with_an_exact_kernel(doc):
+    rows = rd.replay(doc, TINY_SHAPES[:1], device="cpu", make_kernel=ExactKernel)
+    assert len(rows) == len(doc["schedules"])
+    for row in rows:
+        assert row["exact_pct"] == 100.0 and row["rows_mismatched"] == 0, row
+        assert row["plan_calls"] == row["prefill_steps"]
+
+
+def test_replay_measures_what_the_tile_rule_predicts(doc):
+    rows = rd.replay(doc, TINY_SHAPES, device="cpu", make_kernel=TileRuleKernel)
+    checked = [r for r in rows if r["prediction_check"] is not None]
+    assert len(checked) == 2 * (len(rd.CONFIGS) - 1) * len(TINY_SHAPES)
+    for row in checked:
+        check = row["prediction_check"]
+        assert check["clear_inexact"] == 0 and check["hazard_exact"] == 0, row
+        assert row["exact_pct"] == row["predicted_exact_pct"], row
+    assert any(r["inherited_rows_mismatched"] for r in checked if r["radix"])
+    assert any(r["exact_pct"] < 100 for r in checked)
