@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Launch SGLang with deterministic flashinfer and small prefill chunks, through the plugin.
+#   examples/launch_server.sh                 # chunked server, 256-token chunks, port 30000
+#   CHUNK=-1 PORT=30001 examples/launch_server.sh   # unchunked reference server
+# Extra arguments go to sglang.launch_server (e.g. --tp 2 --mem-fraction-static 0.4).
+set -euo pipefail
+MODEL=${MODEL:-Qwen/Qwen3-8B}
+PORT=${PORT:-30000}
+CHUNK=${CHUNK:-256}
+export SGLANG_PLUGINS=${SGLANG_PLUGINS:-chunk_align}
+exec python -m sglang.launch_server \
+  --model-path "$MODEL" --port "$PORT" \
+  --attention-backend flashinfer --enable-deterministic-inference \
+  --chunked-prefill-size "$CHUNK" "$@"
