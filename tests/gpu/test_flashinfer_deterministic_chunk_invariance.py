@@ -13,7 +13,9 @@ Both directions are pinned:
 - on the grid (every boundary a multiple of PREFILL_Q_TILE_TOKENS), the
   chunked output equals the unchunked output bit for bit (torch.equal);
 - off the grid (boundaries every 100, 129 or 1000 tokens), it does not, which
-  shows the comparison is sensitive and cannot pass vacuously;
+  shows the comparison is sensitive and cannot pass vacuously; the one shape
+  where 1000 lies on fa2's own, finer tile grid (group 8 at head_dim 256: an
+  8-token grid) is exact instead, and is pinned as such;
 - the unchunked reference itself is reproducible.
 
 Needs a CUDA GPU (sm80+) and ``pip install flashinfer-python``; without them
@@ -23,8 +25,6 @@ the whole module is skipped with the reason. See tests/gpu/README.md.
 import pytest
 
 from sglang_chunk_align.alignment import PREFILL_Q_TILE_TOKENS
-
-pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip(
     "torch", reason="torch is not installed: this kernel test needs torch with CUDA and flashinfer"
@@ -91,6 +91,22 @@ def _check_on_grid(bounds, group):
     assert all(b % T == 0 for b in bounds[:-1]), bounds
     for s, e in zip(bounds, bounds[1:]):
         assert (e - s) * group > 64, f"chunk [{s}, {e}) too short at group {group}"
+
+
+def _fa2_q_tile_tokens(group, head_dim):
+    """Tokens per fa2 CTA q-tile for a chunk longer than 64 packed rows.
+
+    flashinfer's FA2DetermineCtaTileQ (include/flashinfer/utils.cuh) picks 128
+    packed rows below head_dim 256 and 64 at head_dim 256; a packed row is one
+    (token, q head of the group) pair, so a tile spans cta_tile_q // group tokens.
+    """
+    cta_tile_q = 128 if head_dim < 256 else 64
+    return max(1, cta_tile_q // group)
+
+
+def _on_fa2_grid(bounds, group, head_dim):
+    tile = _fa2_q_tile_tokens(group, head_dim)
+    return all(b % tile == 0 for b in bounds[:-1])
 
 
 def _split_partials_bytes(prompt_len, num_qo_heads, head_dim, split):
@@ -190,10 +206,13 @@ _config = pytest.mark.parametrize(
 )
 
 
-def test_grid_constant_is_fa2_largest_q_tile():
-    # fa2's largest CTA q-tile is 128 packed rows (128 // group tokens), so a
-    # 128-token grid is on fa2's q-tile grid for every GQA group.
-    assert T == 128
+def test_grid_constant_is_on_every_fa2_q_tile_grid():
+    # PREFILL_Q_TILE_TOKENS must be a multiple of fa2's q-tile (in tokens) for
+    # every shape, and is the tightest such grid: 128 tokens, the tile of
+    # group 1 below head_dim 256.
+    tiles = [_fa2_q_tile_tokens(g, d) for g in GQA_GROUPS for d in HEAD_DIMS]
+    assert all(T % tile == 0 for tile in tiles), tiles
+    assert T == max(tiles)
 
 
 @_config
@@ -223,12 +242,34 @@ def test_on_grid_chunks_match_unchunked_exactly(wrapper, group, head_dim, split,
     )
 
 
-@_config
-@pytest.mark.parametrize("chunking", list(OFF_GRID), ids=str)
+_OFF_GRID_CASES = [
+    pytest.param(c, g, d, s, id=f"{c}-g{g}-d{d}-split{s}")
+    for c in OFF_GRID
+    for d in HEAD_DIMS
+    for s in SPLIT_SIZES
+    for g in GQA_GROUPS
+]
+
+
+def _off_fa2_grid(param):
+    chunking, group, head_dim, _ = param.values
+    return not _on_fa2_grid(_boundaries(OFF_GRID[chunking], OFF_GRID_PROMPT_LEN), group, head_dim)
+
+
+# Off PREFILL_Q_TILE_TOKENS's grid and off fa2's own tile grid: must differ.
+OFF_FA2_GRID = [p for p in _OFF_GRID_CASES if _off_fa2_grid(p)]
+# Off PREFILL_Q_TILE_TOKENS's grid but on fa2's finer grid for that shape
+# (only uniform1000 at group 8, head_dim 256: 1000 = 125 * 8): exact.
+ON_FA2_FINER_GRID = [p for p in _OFF_GRID_CASES if not _off_fa2_grid(p)]
+assert {p.values[0] for p in OFF_FA2_GRID} == set(OFF_GRID), "every off-grid chunking is tested"
+
+
+@pytest.mark.parametrize("chunking,group,head_dim,split", OFF_FA2_GRID)
 def test_off_grid_chunks_do_not_match(wrapper, group, head_dim, split, chunking):
     case = _Case(group, head_dim, split, OFF_GRID_PROMPT_LEN)
     bounds = _boundaries(OFF_GRID[chunking], OFF_GRID_PROMPT_LEN)
     assert any(b % T for b in bounds[:-1]), "an off-grid case needs a boundary off the grid"
+    assert not _on_fa2_grid(bounds, group, head_dim)
     ref = case.unchunked(wrapper)
     out = case.chunked(wrapper, bounds)
     n_bad, first_bad, max_abs = _diff(out, ref)
@@ -236,4 +277,22 @@ def test_off_grid_chunks_do_not_match(wrapper, group, head_dim, split, chunking)
           f"{n_bad} rows differ, first row {first_bad}, max abs {max_abs:.3g}")
     assert not torch.equal(out, ref), (
         f"off-grid chunking {chunking} matched bit for bit: the comparison is not sensitive"
+    )
+
+
+@pytest.mark.parametrize("chunking,group,head_dim,split", ON_FA2_FINER_GRID)
+def test_fa2_finer_grid_is_exact_too(wrapper, group, head_dim, split, chunking):
+    """Why uniform1000 is not an off-grid case at group 8, head_dim 256: fa2's
+    tile there spans 64 packed rows = 8 tokens, and 1000 is a multiple of 8.
+    PREFILL_Q_TILE_TOKENS is the one grid that serves every shape; this pins
+    that the kernel's exactness follows its own tile, as the plugin assumes."""
+    case = _Case(group, head_dim, split, OFF_GRID_PROMPT_LEN)
+    bounds = _boundaries(OFF_GRID[chunking], OFF_GRID_PROMPT_LEN)
+    assert any(b % T for b in bounds[:-1]) and _on_fa2_grid(bounds, group, head_dim)
+    ref = case.unchunked(wrapper)
+    out = case.chunked(wrapper, bounds)
+    n_bad, first_bad, max_abs = _diff(out, ref)
+    assert torch.equal(out, ref), (
+        f"{chunking} is on fa2's {_fa2_q_tile_tokens(group, head_dim)}-token tile grid here "
+        f"but differs: {n_bad} rows, first row {first_bad}, max abs {max_abs}"
     )
