@@ -2,7 +2,7 @@
 
 Measured on an H200 with flashinfer 0.7.2 (tests/gpu): deterministic chunked
 prefill reproduces unchunked prefill bit for bit only when every chunk starts
-on fa2's 128-row q-tile grid and fa2 picks that 128-row CTA tile. The
+on fa2's q-tile grid and fa2 picks the CTA tile the request's solo prefill gets. The
 split-KV tile (SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE) does not change
 which boundaries are exact, so it plays no part here.
 
@@ -11,7 +11,7 @@ Pure functions only: no SGLang import, so the CLI and tests use them freely.
 
 import math
 
-# fa2's largest CTA q-tile, in packed rows; 128/gqa_group tokens, so 128 tokens is on the grid for every GQA group.
+# fa2's q-tile grid in tokens: its CTA q-tile is 128 packed rows (64 at head_dim 256), i.e. 128/gqa_group tokens or fewer, so 128 tokens is on the grid for every GQA group and head_dim.
 PREFILL_Q_TILE_TOKENS = 128
 
 

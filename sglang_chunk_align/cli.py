@@ -1,6 +1,8 @@
-"""`sglang-chunk-align doctor`: can this environment run the plugin? No GPU needed.
+"""The `sglang-chunk-align` command. No GPU needed.
 
-It applies the patches in its own process, reports each patch point, and asks
+`plan` shows how one request is chunked, upstream and with the plugin, and
+flags every hazard. `doctor` checks whether this environment can run the
+plugin: it applies the patches in its own process, reports each patch point, and asks
 every installed attention-backend class what it declares under deterministic
 inference, using instances built without __init__ (no GPU, no model).
 """
@@ -15,6 +17,8 @@ import sys
 from importlib import metadata
 
 from . import patches
+from .planning import Rules, plan
+from .alignment import PREFILL_Q_TILE_TOKENS
 from .compat import SUPPORTED_SGLANG, ChunkAlignError, check_sglang_version, installed_version
 
 # What a deterministic FlashInferAttnBackend.__init__ sets (flashinfer_backend.py).
@@ -31,11 +35,39 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser("doctor", help="check the installed SGLang and the patch points")
     doctor.add_argument("--json", action="store_true", help="print a JSON report")
+    planner = commands.add_parser("plan", help="show one request's chunks, upstream and with the plugin")
+    planner.add_argument("--prompt-len", type=int, required=True, help="prompt length in tokens")
+    planner.add_argument("--cached", type=int, default=0, help="radix-cache hit length in tokens")
+    planner.add_argument("--chunk", type=int, required=True, help="per-rank --chunked-prefill-size")
+    planner.add_argument("--group", type=int, default=1, help="GQA group (q heads per KV head)")
+    planner.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
+    if args.command == "plan":
+        return run_plan(parser, args)
     with contextlib.redirect_stdout(sys.stderr):  # some SGLang modules print on import
         report = run_doctor()
     print(json.dumps(report, indent=2) if args.json else format_doctor(report))
     return 0 if report["ok"] else 1
+
+
+def run_plan(parser, args):
+    """Chunks of one request prefilled alone: SGLang's length alignment vs the plugin's rules."""
+    if args.prompt_len < 1 or args.cached < 0 or args.group < 1 or args.chunk < PREFILL_Q_TILE_TOKENS:
+        parser.error(f"need --prompt-len >= 1, --cached >= 0, --group >= 1, --chunk >= {PREFILL_Q_TILE_TOKENS}")
+    rules = Rules(group=args.group)
+    schedules = {
+        "upstream length alignment": plan(args.prompt_len, args.cached, args.chunk, rules, aligned=False),
+        "sglang-chunk-align": plan(args.prompt_len, args.cached, args.chunk, rules),
+    }
+    if args.json:
+        print(json.dumps({name: [vars(c) for c in chunks] for name, chunks in schedules.items()}, indent=2))
+    else:
+        for name, chunks in schedules.items():
+            hazards = sum(bool(c.hazards) for c in chunks)
+            print(f"{name}: {len(chunks)} chunks, {hazards} with hazards")
+            for c in chunks:
+                print(f"  [{c.start:>6}, {c.end:>6})  tile {c.tile}  {'; '.join(c.hazards) or 'ok'}")
+    return 1 if any(c.hazards for c in schedules["sglang-chunk-align"]) else 0
 
 
 def run_doctor():
@@ -58,8 +90,14 @@ def run_doctor():
     applied = patches.installed_names()
     selected = patches.selected_points(version) if version else []
     for point in patches.PATCH_POINTS:
-        status = "applied" if point.name in applied else (
-            "not applied" if point in selected else f"not needed on SGLang {version}")
+        if point.name in applied:
+            status = "applied"
+        elif point in selected:
+            status = "not applied"
+        elif point.opt_in and version and point.versions.contains(version, prereleases=True):
+            status = f"off (opt in with {point.opt_in}=1)"
+        else:
+            status = f"not needed on SGLang {version}"
         report["patch_points"].append(
             {"name": point.name, "versions": str(point.versions), "reason": point.reason, "status": status}
         )

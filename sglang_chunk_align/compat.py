@@ -14,6 +14,10 @@ from packaging.version import Version
 SUPPORTED_SGLANG = SpecifierSet(">=0.5.23,<0.5.24")
 # Set to 1 to try an untested newer release: every patch point is still checked.
 ALLOW_UNTESTED_ENV = "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED"
+# Set to 0 to keep only the 128-token length alignment (planning.py's rules off).
+RULES_ENV = "SGLANG_CHUNK_ALIGN_RULES"
+# Set to 1 to turn the radix cache back on under deterministic flashinfer.
+RADIX_CACHE_ENV = "SGLANG_CHUNK_ALIGN_RADIX_CACHE"
 
 
 class ChunkAlignError(RuntimeError):
@@ -28,14 +32,16 @@ def installed_version(dist="sglang"):
         return None
 
 
-def allow_untested():
-    raw = os.environ.get(ALLOW_UNTESTED_ENV, "")
+def env_flag(name, default):
+    """A 0/1 environment switch; any other value is a ChunkAlignError."""
+    raw = os.environ.get(name, "")
     if raw not in ("", "0", "1"):
-        raise ChunkAlignError(
-            f"{ALLOW_UNTESTED_ENV}={raw!r} is not valid: use 1 to allow an "
-            f"untested SGLang release, or 0 / unset to refuse it."
-        )
-    return raw == "1"
+        raise ChunkAlignError(f"{name}={raw!r} is not valid: use 1 or 0 (unset means {int(default)}).")
+    return default if raw == "" else raw == "1"
+
+
+def allow_untested():
+    return env_flag(ALLOW_UNTESTED_ENV, False)
 
 
 def check_sglang_version(version):

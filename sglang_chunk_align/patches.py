@@ -20,24 +20,28 @@ from typing import Callable
 import wrapt
 from packaging.specifiers import SpecifierSet
 
-from . import backends, scheduler_hooks
-from .compat import ChunkAlignError, check_sglang_version, installed_version
+from . import backends, prefill_hooks, scheduler_hooks
+from .compat import RADIX_CACHE_ENV, ChunkAlignError, check_sglang_version, env_flag, installed_version
 
 logger = logging.getLogger("sglang_chunk_align")
 
 _ATTN = "sglang.srt.layers.attention."
+_POLICY = "sglang.srt.managers.schedule_policy"
 _ABSENT = object()
 
 
 @dataclass(frozen=True)
 class PatchPoint:
     module: str
-    target: str  # "Class.attribute"
+    target: str  # "Class.attribute", or "attribute" of the module
     versions: SpecifierSet
     reason: str
-    # wrap: a wrapt wrapper for an existing method; declare: a new attribute value.
+    # Exactly one of: a wrapt wrapper for an existing function or method; a
+    # new attribute value to declare; an item to add to an existing list.
     wrapper: Callable = None
     declare: object = _ABSENT
+    member: object = _ABSENT
+    opt_in: str = None  # environment switch (compat.env_flag) that selects the point
 
     @property
     def name(self):
@@ -50,6 +54,10 @@ def _declare(module, target, value, reason, versions=">=0.5.23"):
 
 def _wrap(module, target, wrapper, reason, versions=">=0.5.23"):
     return PatchPoint(module, target, SpecifierSet(versions), reason, wrapper=wrapper)
+
+
+def _add_member(module, target, member, reason, opt_in, versions=">=0.5.23"):
+    return PatchPoint(module, target, SpecifierSet(versions), reason, member=member, opt_in=opt_in)
 
 
 PATCH_POINTS = (
@@ -87,6 +95,21 @@ PATCH_POINTS = (
     _wrap("sglang.srt.managers.scheduler", "Scheduler.check_truncation_align_fits_chunk",
           scheduler_hooks.check_chunk_serves_alignment,
           "stock points users at the split-tile variable and accepts chunks off the q-tile grid"),
+    _wrap("sglang.srt.managers.schedule_batch", "match_kv_cache", prefill_hooks.match_on_grid,
+          "a radix hit may end anywhere; Req.init_next_round_input calls this module binding"),
+    _wrap(_POLICY, "PrefillAdder._select_prefill_admission", prefill_hooks.admit_on_grid,
+          "SGLang floors a new request's chunk length but leaves tails shorter than 65 tokens"),
+    _wrap(_POLICY, "PrefillAdder.floor_chunked_tokens", prefill_hooks.cut_on_grid,
+          "continuation, memory-pressure and ignore_eos cuts are not aligned at all"),
+    _wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.park_without_grid_cut,
+          "a continuation whose budget holds no grid cut waits instead of leaving the grid"),
+    _wrap(_POLICY, "PrefillAdder.add_one_req_ignore_eos", prefill_hooks.defer_without_grid_cut,
+          "an ignore_eos request whose budget holds no grid cut waits instead of leaving the grid"),
+    _wrap(_POLICY, "PrefillAdder.add_one_req", prefill_hooks.keep_solo_tiles,
+          "fa2 picks one tile per batch; thin batches move members off their solo tile"),
+    _add_member("sglang.srt.arg_groups.choices", "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND",
+                "flashinfer", "stock turns the radix cache off under deterministic flashinfer",
+                opt_in=RADIX_CACHE_ENV),
 )
 
 # Installed only when apply() fails, so that a failure SGLang's plugin loader
@@ -134,35 +157,41 @@ def installed_names():
 
 
 def selected_points(version):
-    return [p for p in PATCH_POINTS if p.versions.contains(version, prereleases=True)]
+    return [
+        p for p in PATCH_POINTS
+        if p.versions.contains(version, prereleases=True) and (p.opt_in is None or env_flag(p.opt_in, False))
+    ]
 
 
 def _install(point, owner, attribute, stock):
     if point.wrapper is not None:
         wrapt.wrap_function_wrapper(owner, attribute, point.wrapper)
+    elif point.member is not _ABSENT:
+        stock.append(point.member)
     else:
         setattr(owner, attribute, point.declare)
-    _installed[point.name] = (owner, attribute, stock)
+    _installed[point.name] = (point, owner, attribute, stock)
 
 
 def _restore_all():
-    for owner, attribute, stock in reversed(list(_installed.values())):
-        if stock is _ABSENT:
+    for point, owner, attribute, stock in reversed(list(_installed.values())):
+        if point.member is not _ABSENT:
+            stock.remove(point.member)
+        elif stock is _ABSENT:
             delattr(owner, attribute)
         else:
             setattr(owner, attribute, stock)
     _installed.clear()
-
-
-def selected_points(version):
-    return [p for p in PATCH_POINTS if p.versions.contains(version, prereleases=True)]
+    prefill_hooks.activate(None)
 
 
 def _resolve(point, version):
-    """(owner class, attribute, stock value in its __dict__), or ChunkAlignError."""
-    class_name, attribute = point.target.split(".")
+    """(owner, attribute, stock value in its __dict__), or ChunkAlignError."""
+    *class_name, attribute = point.target.split(".")
     try:
-        owner = getattr(importlib.import_module(point.module), class_name)
+        owner = importlib.import_module(point.module)
+        if class_name:
+            owner = getattr(owner, class_name[0])
     except (ImportError, AttributeError) as error:
         raise ChunkAlignError(
             f"SGLang {version}: patch point {point.name} is missing "
@@ -172,9 +201,15 @@ def _resolve(point, version):
     if point.wrapper is not None and not callable(stock):
         raise ChunkAlignError(
             f"SGLang {version}: patch point {point.name} is missing: "
-            f"{class_name} defines no method {attribute}; nothing was patched."
+            f"no function {attribute} there; nothing was patched."
         )
-    if point.wrapper is None and stock is not _ABSENT:
+    if point.member is not _ABSENT:
+        if not isinstance(stock, list) or point.member in stock:
+            raise ChunkAlignError(
+                f"SGLang {version}: patch point {point.name} has changed: expected a list "
+                f"without {point.member!r}; nothing was patched."
+            )
+    elif point.wrapper is None and stock is not _ABSENT:
         raise ChunkAlignError(
             f"SGLang {version}: patch point {point.name} already exists in SGLang; "
             f"this release needs a newer sglang-chunk-align. Nothing was patched."

@@ -10,8 +10,11 @@ signature; patches.py says where each one goes.
 
 import logging
 
+from . import prefill_hooks
 from .alignment import chunk_size_error
 from .backends import backend_alignment
+from .compat import RADIX_CACHE_ENV, RULES_ENV, env_flag
+from .planning import Rules
 
 logger = logging.getLogger("sglang_chunk_align")
 
@@ -26,14 +29,23 @@ def init_alignment_from_backend(wrapped, instance, args, kwargs):
 
 
 def check_chunk_serves_alignment(wrapped, instance, args, kwargs):
-    """Replaces Scheduler.check_truncation_align_fits_chunk: runs after the LCM steps."""
+    """Replaces Scheduler.check_truncation_align_fits_chunk: runs after the LCM steps.
+
+    Also activates planning.py's rules for this process's PrefillAdder hooks.
+    """
     q_tile, declared = backend_alignment(live_backend(instance))
     align = instance.truncation_align_size
+    rules = Rules(grid=align) if q_tile is not None and env_flag(RULES_ENV, True) else None
     logger.info(
-        "sglang-chunk-align: prefill chunks aligned to %s (%s)",
+        "sglang-chunk-align: prefill chunks aligned to %s (%s); grid rules %s",
         f"{align} tokens" if align else "nothing",
         declared,
+        "on" if rules else "off",
     )
+    _check_radix_cache(instance, rules)
+    prefill_hooks.activate(rules)
+    if rules is not None:
+        _keep_batches_on_solo_tiles(instance, rules)
     if _is_decode_server(instance):
         return  # A decode server never prefills a prompt.
     problem = chunk_size_error(
@@ -41,6 +53,37 @@ def check_chunk_serves_alignment(wrapped, instance, args, kwargs):
     )
     if problem:
         raise ValueError(problem)
+
+
+def _check_radix_cache(scheduler, rules):
+    if not env_flag(RADIX_CACHE_ENV, False) or getattr(scheduler.tree_cache, "disable", True):
+        return
+    if rules is None:
+        raise ValueError(
+            f"{RADIX_CACHE_ENV}=1 needs the grid rules: unset {RULES_ENV}=0, or drop {RADIX_CACHE_ENV}."
+        )
+    if scheduler.tree_cache.supports_mamba():
+        raise ValueError(
+            f"{RADIX_CACHE_ENV}=1 is not supported with a mamba prefix cache: a prefix rounded to "
+            f"the grid would need a mamba state there. Drop {RADIX_CACHE_ENV} for this model."
+        )
+
+
+def _keep_batches_on_solo_tiles(scheduler, rules):
+    if getattr(scheduler, "is_mixed_chunk", False):
+        scheduler.is_mixed_chunk = False
+        logger.warning(
+            "sglang-chunk-align: --enable-mixed-chunk turned off: decodes mixed into a prefill "
+            "batch move its requests onto a smaller fa2 tile, which breaks bit-exactness."
+        )
+    chunk = scheduler.chunked_prefill_size
+    if chunk is not None and 0 < chunk < 2 * rules.grid:
+        logger.warning(
+            "sglang-chunk-align: --chunked-prefill-size %s leaves no room to merge a final chunk "
+            "shorter than %s tokens into the one before it; such a tail runs on a smaller fa2 tile "
+            "and is not bit-exact. Use at least %s.",
+            chunk, rules.min_tail, 2 * rules.grid,
+        )
 
 
 def _is_decode_server(scheduler):

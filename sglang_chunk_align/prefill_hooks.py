@@ -1,0 +1,119 @@
+"""PrefillAdder and prefix-match wrappers: every chunk on the grid, on its solo tile.
+
+A 128-token chunk alignment alone still lets SGLang start extends off the
+grid (radix hits, memory-pressure and ignore_eos cuts), leave tiny final
+chunks, and batch requests onto a smaller fa2 tile than their solo prefill.
+These wrappers apply planning.py's rules inside SGLang's own admission
+paths. They act only while a scheduler in this process has activated rules
+(deterministic flashinfer with the rules on); otherwise they pass through.
+"""
+
+import logging
+from dataclasses import replace
+
+from .planning import chunk_end, tile_conflicts, usable_prefix
+
+logger = logging.getLogger("sglang_chunk_align")
+
+_active = None  # Rules of this process's scheduler, or None
+
+
+def activate(rules):
+    global _active
+    _active = rules
+
+
+def active_rules():
+    return _active
+
+
+class _NoGridCut(Exception):
+    """The budget holds no grid-aligned cut: the request waits for a later step."""
+
+
+def match_on_grid(wrapped, instance, args, kwargs):
+    """Wraps match_kv_cache: reuse a cached prefix only up to the grid, leaving min_tail to compute."""
+    result = wrapped(*args, **kwargs)
+    if _active is None:
+        return result
+    req = args[0]
+    matched = req.prefix_len + req.host_hit_length
+    usable = usable_prefix(matched, len(req.full_untruncated_fill_ids), _active)
+    if usable == matched:
+        return result
+    return wrapped(*args, **{**kwargs, "max_prefix_len": usable})
+
+
+def admit_on_grid(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder._select_prefill_admission: cut a chunked admission on the grid."""
+    admission = wrapped(*args, **kwargs)
+    if _active is None or not getattr(admission, "is_chunked", False):
+        return admission
+    req = args[0] if args else kwargs["req"]
+    start = admission.prefix_len
+    end = chunk_end(start, admission.extend_len, len(req.full_untruncated_fill_ids), _active)
+    if end == start:
+        return _add_req_result().OTHER
+    return replace(admission, extend_len=end - start)
+
+
+def cut_on_grid(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.floor_chunked_tokens, which cuts continuation and ignore_eos chunks.
+
+    Their extend starts on the grid (every earlier cut was on it), so a cut
+    length on the grid is a cut end on the grid.
+    """
+    length = wrapped(*args, **kwargs)
+    remaining = args[1] if len(args) > 1 else kwargs["remaining"]
+    if _active is None or length >= remaining:
+        return length
+    length = chunk_end(0, length, remaining, _active)
+    if length == 0:
+        raise _NoGridCut
+    return length
+
+
+def park_without_grid_cut(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.add_chunked_req: the chunked request waits for budget."""
+    try:
+        return wrapped(*args, **kwargs)
+    except _NoGridCut:
+        return args[0] if args else kwargs["req"]
+
+
+def defer_without_grid_cut(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.add_one_req_ignore_eos: the request waits for budget."""
+    try:
+        return wrapped(*args, **kwargs)
+    except _NoGridCut:
+        return _add_req_result().OTHER
+
+
+def keep_solo_tiles(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.add_one_req: defer a request that would move a member off its solo tile.
+
+    The candidate's extend is not known before admission, but it is at least
+    min(remaining, min_tail) tokens; the batch tile only grows with it, and
+    any conflict this bound misses is the candidate's own, which it catches.
+    """
+    if _active is None or not instance.can_run_list:
+        return wrapped(*args, **kwargs)
+    req = args[0] if args else kwargs["req"]
+    prompt_len = len(req.full_untruncated_fill_ids)
+    start = req.prefix_len + req.host_hit_length
+    extend = min(prompt_len - start, _active.min_tail)
+    members = [_member(r) for r in instance.can_run_list] + [(extend, start + extend, prompt_len)]
+    if tile_conflicts(members, _active):
+        logger.debug("sglang-chunk-align: deferring %s to keep batch members on their solo tiles", req.rid)
+        return _add_req_result().OTHER
+    return wrapped(*args, **kwargs)
+
+
+def _member(req):
+    return req.extend_end - req.prefix_len, req.extend_end, len(req.full_untruncated_fill_ids)
+
+
+def _add_req_result():
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    return AddReqResult
