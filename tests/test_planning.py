@@ -1,0 +1,103 @@
+"""The pure planner behind the grid rules, and the `plan` command that shows it."""
+
+import json
+import subprocess
+import sys
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sglang_chunk_align.planning import Rules, chunk_end, cta_tile, plan, q_tile_grid, tile_conflicts, usable_prefix
+
+RULES = Rules()
+
+
+def test_cta_tile_follows_fa2_thresholds():
+    assert [cta_tile(n) for n in (1, 16, 17, 64, 65, 4096)] == [16, 16, 64, 64, 128, 128]
+
+
+def test_q_tile_grid_per_group():
+    assert [q_tile_grid(g) for g in (1, 2, 4, 5, 8)] == [128, 64, 32, 128, 16]
+
+
+def test_cached_prefix_is_rounded_down_to_the_grid():
+    assert usable_prefix(1000, 2500, RULES) == 896
+    assert usable_prefix(1024, 2500, RULES) == 1024
+
+
+def test_cached_prefix_leaves_a_tail_with_the_full_tile():
+    assert usable_prefix(2000, 2001, RULES) == 1920  # stock would extend 1 token
+    assert usable_prefix(2000, 2000 + 64, RULES) == 1920
+    assert usable_prefix(150, 180, RULES) == 0
+
+
+def test_short_tail_is_merged_into_the_previous_chunk():
+    assert [c.end for c in plan(1040, 0, 256, RULES)] == [256, 512, 768, 896, 1040]
+    assert [c.end for c in plan(1040, 0, 256, RULES, aligned=False)][-2:] == [1024, 1040]
+
+
+def test_chunk_128_cannot_merge_and_says_so():
+    last = plan(1040, 0, 128, RULES)[-1]
+    assert (last.start, last.end, last.tile) == (1024, 1040, 16)
+    assert last.hazards == ("runs on the 16-row tile, solo prefill on 128",)
+
+
+def test_memory_pressure_cut_below_the_grid_waits():
+    assert chunk_end(256, 8, 2000, RULES) == 256
+    assert chunk_end(256, 200, 2000, RULES) == 384
+
+
+def test_upstream_length_alignment_starts_off_the_grid_after_a_radix_hit():
+    chunks = plan(2500, 1000, 256, RULES, aligned=False)
+    assert all("starts off the q-tile grid" in c.hazards for c in chunks)
+    assert not any(c.hazards for c in plan(2500, 1000, 256, RULES))
+
+
+def test_tile_conflicts_in_thin_batches():
+    long_chunk = (256, 2000, 3000)
+    assert tile_conflicts([long_chunk] + [(1, 900, 900)] * 15, Rules(group=4)) == []
+    assert tile_conflicts([long_chunk] + [(1, 900, 900)] * 31, Rules(group=4))  # measured: 31 fail
+    assert tile_conflicts([long_chunk, (50, 50, 50)], RULES) == [(50, 50, 50)]
+    assert tile_conflicts([long_chunk, (20, 20, 20)], RULES) == []  # KV too short to matter
+
+
+@given(
+    prompt_len=st.integers(1, 20000),
+    cached=st.integers(0, 20000),
+    chunk=st.sampled_from([256, 384, 512, 1024, 4096]),
+    group=st.sampled_from([1, 2, 4, 8]),
+)
+def test_every_plan_starts_on_the_grid_and_keeps_the_solo_tile(prompt_len, cached, chunk, group):
+    rules = Rules(group=group)
+    chunks = plan(prompt_len, cached, chunk, rules)
+    assert chunks[-1].end == prompt_len
+    assert all(c.start % 128 == 0 and c.end > c.start for c in chunks)
+    assert all(c.end - c.start <= chunk for c in chunks)
+    assert not any(c.hazards for c in chunks)
+    assert chunks[0].start <= min(cached, prompt_len - 1) and min(cached, prompt_len - 1) - chunks[0].start < 128 + 65
+
+
+def _plan_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "sglang_chunk_align.cli", "plan", *args], capture_output=True, text=True
+    )
+
+
+def test_plan_command_shows_both_schedules_and_flags_hazards():
+    result = _plan_cli("--prompt-len", "2500", "--cached", "1000", "--chunk", "256", "--group", "4")
+    assert result.returncode == 0, result.stderr
+    assert "upstream length alignment: 6 chunks, 6 with hazards" in result.stdout
+    assert "sglang-chunk-align: 7 chunks, 0 with hazards" in result.stdout
+    assert "[   896,   1152)  tile 128  ok" in result.stdout
+
+
+def test_plan_command_json_and_unavoidable_hazard_exit_code():
+    result = _plan_cli("--prompt-len", "1040", "--chunk", "128", "--json")
+    assert result.returncode == 1
+    last = json.loads(result.stdout)["sglang-chunk-align"][-1]
+    assert last == {"start": 1024, "end": 1040, "tile": 16, "hazards": ["runs on the 16-row tile, solo prefill on 128"]}
+
+
+def test_plan_command_rejects_a_chunk_below_the_grid():
+    result = _plan_cli("--prompt-len", "100", "--chunk", "100")
+    assert result.returncode == 2 and "--chunk >= 128" in result.stderr
