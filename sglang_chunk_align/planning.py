@@ -70,16 +70,22 @@ def usable_prefix(cached, prompt_len, rules):
     return used
 
 
-def chunk_end(start, budget, prompt_len, rules):
+def chunk_end(start, budget, prompt_len, rules, wait_for_room=False):
     """Where an extend starting at `start` (on the grid) with `budget` tokens ends.
 
-    Returns `start` when no grid cut fits the budget: the request waits.
+    Returns `start` when no grid cut fits the budget: the request waits. A
+    tail too short for the full tile that this budget cannot merge is
+    unavoidable when the budget is a whole chunk; when `wait_for_room` (the
+    budget is what other requests left over), the request waits instead.
     """
     if prompt_len - start <= budget:
         return prompt_len
     end = (start + budget) // rules.grid * rules.grid
-    if prompt_len - end < rules.min_tail and end - rules.grid > start:
-        end -= rules.grid
+    if prompt_len - end < rules.min_tail:
+        if end - rules.grid > start:
+            end -= rules.grid
+        elif wait_for_room:
+            return start
     return max(end, start)
 
 

@@ -49,9 +49,12 @@ def admit_on_grid(wrapped, instance, args, kwargs):
     admission = wrapped(*args, **kwargs)
     if _active is None or not getattr(admission, "is_chunked", False):
         return admission
+    if _unfinished_chunk_in_batch(instance):
+        return _add_req_result().OTHER
     req = args[0] if args else kwargs["req"]
     start = admission.prefix_len
-    end = chunk_end(start, admission.extend_len, len(req.full_untruncated_fill_ids), _active)
+    prompt_len = len(req.full_untruncated_fill_ids)
+    end = chunk_end(start, admission.extend_len, prompt_len, _active, wait_for_room=bool(instance.can_run_list))
     if end == start:
         return _add_req_result().OTHER
     return replace(admission, extend_len=end - start)
@@ -67,7 +70,9 @@ def cut_on_grid(wrapped, instance, args, kwargs):
     remaining = args[1] if len(args) > 1 else kwargs["remaining"]
     if _active is None or length >= remaining:
         return length
-    length = chunk_end(0, length, remaining, _active)
+    if _unfinished_chunk_in_batch(instance):
+        raise _NoGridCut
+    length = chunk_end(0, length, remaining, _active, wait_for_room=bool(instance.can_run_list))
     if length == 0:
         raise _NoGridCut
     return length
@@ -107,6 +112,12 @@ def keep_solo_tiles(wrapped, instance, args, kwargs):
         logger.debug("sglang-chunk-align: deferring %s to keep batch members on their solo tiles", req.rid)
         return _add_req_result().OTHER
     return wrapped(*args, **kwargs)
+
+
+def _unfinished_chunk_in_batch(adder):
+    """SGLang tracks one unfinished chunked request. Stock fills the chunk
+    budget with it; the grid rules can leave budget over, for whole requests only."""
+    return any(r.extend_end < len(r.full_untruncated_fill_ids) for r in adder.can_run_list)
 
 
 def _member(req):

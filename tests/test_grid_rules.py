@@ -1,0 +1,97 @@
+"""The grid rules inside SGLang's real PrefillAdder, over random workloads.
+
+benchmarks/replay_determinism.py drives SGLang 0.5.23's own scheduling
+objects step by step (PrefillAdder, Req, the radix cache, the KV allocator);
+these tests run it with the plugin on random prompts, shared prefixes,
+arrival orders, chunk sizes and KV budgets, and check every prefill batch.
+"""
+
+import os
+import random
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sglang_chunk_align.planning import Rules, tile_conflicts
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import replay_determinism as rd  # noqa: E402
+
+RULES = Rules()
+
+
+def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, monkeypatch=None):
+    """prompts: [(prompt_len, shared_len, arrival_step)]; returns the driver's result."""
+    base = [random.Random(1).randrange(1000, 90_000) for _ in range(max(p[0] for p in prompts))]
+    requests, arrivals = [], []
+    for rid, (prompt_len, shared_len, arrival) in enumerate(prompts):
+        shared_len = min(shared_len, prompt_len - 1)
+        request = rd.RequestSpec(rid, arrival, prompt_len, 0 if shared_len else -1, shared_len, 2)
+        own = random.Random(rid).choices(range(1000, 90_000), k=prompt_len - shared_len - 1)
+        arrivals.append((request, base[:shared_len] + [rd.MARKER_BASE + rid] + own))
+        requests.append(request)
+    spec = rd.WorkloadSpec(
+        n_requests=len(prompts), max_prompt=max(p[0] for p in prompts), n_prefix_groups=1,
+        shared_fraction=0.5, max_output=2, n_waves=1, wave_gap_steps=1, kv_tokens=kv_tokens,
+        max_running_requests=16,
+    )
+    cfg = rd.SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True)
+    with rd.sglang_config(cfg, radix) as server_args:
+        align = rd.truncation_align_size(server_args, cfg)
+        return requests, rd.SchedulerDriver(spec, cfg, radix, align).run(arrivals)
+
+
+def assert_every_batch_is_exact(requests, result, chunk):
+    lengths = {r.rid: r.prompt_len for r in requests}
+    finished = {rid: 0 for rid in lengths}
+    for step in result["steps"]:
+        for rid, start, end in step:
+            assert start % RULES.grid == 0, f"request {rid} starts at {start}"
+            whole_short_request = start == 0 and end == lengths[rid] <= 64
+            assert end - start >= RULES.min_tail or whole_short_request or chunk < 2 * RULES.grid, (rid, start, end)
+            finished[rid] = max(finished[rid], end)
+        members = [(end - start, end, lengths[rid]) for rid, start, end in step]
+        assert tile_conflicts(members, RULES) == [], step
+    assert all(finished[rid] >= lengths[rid] for rid in lengths), "a request never finished prefill"
+
+
+prompt = st.tuples(st.integers(1, 1500), st.integers(0, 1500), st.integers(0, 12))
+
+
+@settings(max_examples=int(os.environ.get("GRID_RULES_EXAMPLES", 60)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompts=st.lists(prompt, min_size=1, max_size=10),
+    chunk=st.sampled_from([256, 384, 512, 1024]),
+    kv_tokens=st.sampled_from([2048, 4096, 16384]),
+    radix=st.booleans(),
+)
+def test_plugin_schedules_start_on_the_grid_on_solo_tiles_and_finish(prompts, chunk, kv_tokens, radix):
+    requests, result = run_schedule(prompts, chunk, kv_tokens, radix)
+    assert_every_batch_is_exact(requests, result, chunk)
+
+
+def test_radix_hit_is_rounded_down_to_the_grid():
+    requests, result = run_schedule([(1500, 1000, 0), (2500, 1000, 8)], 256, 16384, radix=True)
+    starts = [start for step in result["steps"] for rid, start, _ in step if rid == 1]
+    assert starts[0] == 896  # the 1000 shared tokens (plus the marker) reused up to the grid
+    assert result["radix_hit_tokens"] == 896
+    assert_every_batch_is_exact(requests, result, 256)
+
+
+def test_short_prompt_waits_for_a_batch_on_its_own_tile():
+    requests, result = run_schedule([(2000, 0, 0), (50, 0, 0)], 256, 16384, radix=False)
+    assert_every_batch_is_exact(requests, result, 256)
+    (together,) = [s for s in result["steps"] if {rid for rid, _, _ in s} == {1}]
+    assert together == [(1, 0, 50)]
+
+
+def test_stock_length_alignment_fails_the_same_checks(monkeypatch):
+    """The checks are sensitive: without the rules SGLang's schedule breaks them."""
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "0")
+    requests, result = run_schedule([(1500, 1000, 0), (2500, 1000, 8), (1040, 0, 8), (50, 0, 8)], 256, 16384, True)
+    starts = [start for step in result["steps"] for rid, start, _ in step if rid == 1]
+    assert starts[0] == 1000
+    with pytest.raises(AssertionError, match="request 1 starts at 1000"):
+        assert_every_batch_is_exact(requests, result, 256)
