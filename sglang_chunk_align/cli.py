@@ -40,6 +40,7 @@ def main(argv=None):
     planner.add_argument("--cached", type=int, default=0, help="radix-cache hit length in tokens")
     planner.add_argument("--chunk", type=int, required=True, help="per-rank --chunked-prefill-size")
     planner.add_argument("--group", type=int, default=1, help="GQA group (q heads per KV head)")
+    planner.add_argument("--head-dim", type=int, help="model head_dim (below 256 exempts very short KV)")
     planner.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
     if args.command == "plan":
@@ -54,7 +55,7 @@ def run_plan(parser, args):
     """Chunks of one request prefilled alone: SGLang's length alignment vs the plugin's rules."""
     if args.prompt_len < 1 or args.cached < 0 or args.group < 1 or args.chunk < PREFILL_Q_TILE_TOKENS:
         parser.error(f"need --prompt-len >= 1, --cached >= 0, --group >= 1, --chunk >= {PREFILL_Q_TILE_TOKENS}")
-    rules = Rules(group=args.group)
+    rules = Rules(group=args.group, head_dim=args.head_dim)
     schedules = {
         "upstream length alignment": plan(args.prompt_len, args.cached, args.chunk, rules, aligned=False),
         "sglang-chunk-align": plan(args.prompt_len, args.cached, args.chunk, rules),

@@ -13,8 +13,10 @@ prefill gets. Measured on an H200 with flashinfer 0.7.2 (issue 4, and
 - end a chunk one grid step early when the tail after it would be shorter
   than `min_tail` (possible only with a budget of two grid steps or more).
 
-A batch member whose KV is at most KV_TOO_SHORT_TO_MATTER tokens gave the same
-result on any tile; every other member must get its solo tile.
+Every batch member must get its solo tile. At head_dim 128, a member whose
+KV is at most KV_TOO_SHORT_TO_MATTER tokens gave the same result on any tile;
+at head_dim 256 it did not (benchmarks/README.md), so only a known head_dim
+below 256 earns that exemption.
 
 Pure functions: the scheduler hooks, the CLI `plan` command and the tests use
 them alike.
@@ -48,12 +50,18 @@ class Rules:
     grid: int = PREFILL_Q_TILE_TOKENS  # tokens; chunks start on multiples of it
     min_tail: int = 65  # tokens; an extend this long gets the 128-row tile
     group: int = 1  # GQA group: q heads per KV head
+    head_dim: int = None  # None: unknown, no short-KV exemption
 
     @classmethod
-    def for_group(cls, group):
+    def for_group(cls, group, head_dim=None):
         """The relaxed rules for a known GQA group: its q-tile grid is 128/group
         tokens, and the tail needs more than 64 packed rows."""
-        return cls(grid=q_tile_grid(group), min_tail=64 // group + 1, group=group)
+        return cls(grid=q_tile_grid(group), min_tail=64 // group + 1, group=group, head_dim=head_dim)
+
+    @property
+    def exempt_kv(self):
+        """Members whose KV is at most this many tokens may run on any tile."""
+        return KV_TOO_SHORT_TO_MATTER if self.head_dim is not None and self.head_dim < 256 else 0
 
     def solo_tile(self, prompt_len):
         return cta_tile(prompt_len * self.group)
@@ -95,7 +103,7 @@ def tile_conflicts(members, rules):
     return [
         member
         for member in members
-        if member[1] > KV_TOO_SHORT_TO_MATTER and rules.solo_tile(member[2]) != tile
+        if member[1] > rules.exempt_kv and rules.solo_tile(member[2]) != tile
     ]
 
 
@@ -134,6 +142,6 @@ def _describe(start, end, prompt_len, rules):
         hazards.append("no grid cut fits the budget")
     if start % q_tile_grid(rules.group):
         hazards.append("starts off the q-tile grid")
-    if tile is not None and end > KV_TOO_SHORT_TO_MATTER and tile != rules.solo_tile(prompt_len):
+    if tile is not None and end > rules.exempt_kv and tile != rules.solo_tile(prompt_len):
         hazards.append(f"runs on the {tile}-row tile, solo prefill on {rules.solo_tile(prompt_len)}")
     return Chunk(start, end, tile, tuple(hazards))

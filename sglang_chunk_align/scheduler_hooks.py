@@ -35,7 +35,9 @@ def check_chunk_serves_alignment(wrapped, instance, args, kwargs):
     """
     q_tile, declared = backend_alignment(live_backend(instance))
     align = instance.truncation_align_size
-    rules = Rules(grid=align) if q_tile is not None and env_flag(RULES_ENV, True) else None
+    rules = None
+    if q_tile is not None and env_flag(RULES_ENV, True):
+        rules = Rules(grid=align, head_dim=getattr(instance.model_config, "head_dim", None))
     logger.info(
         "sglang-chunk-align: prefill chunks aligned to %s (%s); grid rules %s",
         f"{align} tokens" if align else "nothing",

@@ -16,6 +16,9 @@ import pytest
 
 import sglang_chunk_align
 
+# Nothing here may reach a model hub: SGLang's argument hooks look up model names.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 # Scheduler.__init__ calls these in this order (test_scheduler pins the order).
 ALIGNMENT_STEPS = (
     "init_deterministic_inference_config",
@@ -69,7 +72,7 @@ def published(deterministic=True, chunk=256, **fields):
     )
 
 
-def scheduler_alignment(make_backend=flashinfer_backend, deterministic=True, chunk=256, hf_config=None, **fields):
+def scheduler_alignment(make_backend=flashinfer_backend, deterministic=True, chunk=256, hf_config=None, tree_cache=None, **fields):
     """Run the Scheduler's own alignment steps; return truncation_align_size (or raise)."""
     import transformers
     from sglang.srt.disaggregation.utils import DisaggregationMode
@@ -84,6 +87,7 @@ def scheduler_alignment(make_backend=flashinfer_backend, deterministic=True, chu
         scheduler.model_config = SimpleNamespace(hf_config=hf_config or transformers.LlamaConfig())
         scheduler.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=make_backend()))
         scheduler.disaggregation_mode = DisaggregationMode.NULL
+        scheduler.tree_cache = tree_cache
         for step in ALIGNMENT_STEPS:
             getattr(scheduler, step)()
         return scheduler.truncation_align_size

@@ -58,7 +58,9 @@ def test_tile_conflicts_in_thin_batches():
     assert tile_conflicts([long_chunk] + [(1, 900, 900)] * 15, Rules(group=4)) == []
     assert tile_conflicts([long_chunk] + [(1, 900, 900)] * 31, Rules(group=4))  # measured: 31 fail
     assert tile_conflicts([long_chunk, (50, 50, 50)], RULES) == [(50, 50, 50)]
-    assert tile_conflicts([long_chunk, (20, 20, 20)], RULES) == []  # KV too short to matter
+    assert tile_conflicts([long_chunk, (20, 20, 20)], Rules(head_dim=128)) == []  # KV too short to matter
+    assert tile_conflicts([long_chunk, (20, 20, 20)], Rules(head_dim=256)) == [(20, 20, 20)]  # measured: it does
+    assert tile_conflicts([long_chunk, (20, 20, 20)], RULES) == [(20, 20, 20)]  # unknown head_dim
 
 
 @given(
