@@ -10,12 +10,13 @@ to the row it gets when prefilled alone and unchunked?
 It runs in two phases because SGLang and the GPU live on different machines:
 
 1. ``schedule`` (CPU, needs the SGLang 0.5.23 wheel). A seeded workload is
-   scheduled by SGLang's own PrefillAdder, RadixCache/ChunkCache-equivalent
-   UnifiedRadixCache, token/request pools, ScheduleBatch and SchedulePolicy,
-   driven step by step the way Scheduler.get_next_batch_to_run drives them.
-   Only the model runner is a stand-in (no forward pass: each prefill samples
-   a fixed token). Every prefill step's batch is recorded as (request, start,
-   end) extends. The same command prints schedule statistics and the hazards
+   scheduled by SGLang's own PrefillAdder, UnifiedRadixCache (the 0.5.23
+   tree, disabled for radix off), token/request pools, ScheduleBatch and
+   SchedulePolicy, driven step by step the way Scheduler.get_next_batch_to_run
+   drives them. Stand-ins replace only what needs a GPU or a model: the model
+   runner (no forward pass: each step samples a fixed token), ModelConfig,
+   and the backend/Scheduler instances whose alignment steps run. Every
+   prefill step's batch is recorded as (request, start, end) extends. The same command prints schedule statistics and the hazards
    predicted from fa2's tile rule; on a small workload this is the CPU-only
    mode that CI runs.
 2. ``replay`` (GPU, needs CUDA and flashinfer). Every recorded batch runs
@@ -36,6 +37,7 @@ import json
 import math
 import os
 import random
+import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -145,6 +147,7 @@ class SchedulingConfig:
     deterministic: bool = True  # --enable-deterministic-inference
     split_tile_env: Optional[int] = None  # SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE, None: default
     plugin: bool = False  # sglang_chunk_align.apply() before scheduling
+    rules: bool = True  # with the plugin: its grid rules (SGLANG_CHUNK_ALIGN_RULES=0 turns them off)
 
     @property
     def fixed_split(self):
@@ -160,7 +163,10 @@ CONFIGS = (
     # What stock SGLang offers for 128-token alignment: lower the split tile to
     # 128, which makes truncation_align_size 128 (length flooring) and also
     # plans the kernel with a 128-token fixed split.
-    SchedulingConfig("upstream-128", 256, split_tile_env=128),
+    SchedulingConfig("stock-split-128", 256, split_tile_env=128),
+    # Upstream's design: the backend declares 128 and SGLang floors chunk
+    # lengths to it; the split tile stays 4096. The plugin with its rules off.
+    SchedulingConfig("upstream-128", 256, plugin=True, rules=False),
     *(SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True) for chunk in (128, 256, 512, 1024)),
     # Non-deterministic baseline, for scale: no fixed split.
     SchedulingConfig("nondeterministic", 4096, deterministic=False),
@@ -203,12 +209,16 @@ def sglang_config(cfg: SchedulingConfig, radix: bool):
     """Publish real ServerArgs for `cfg`, with its env var and the plugin, and undo all of it."""
     from sglang.test.test_utils import published_topology
 
-    env = "SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE"
-    saved_env = os.environ.get(env)
-    if cfg.split_tile_env is not None:
-        os.environ[env] = str(cfg.split_tile_env)
-    else:
-        os.environ.pop(env, None)
+    env = {
+        "SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE": cfg.split_tile_env,
+        "SGLANG_CHUNK_ALIGN_RULES": None if cfg.rules else 0,
+    }
+    saved_env = {name: os.environ.get(name) for name in env}
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(value)
     plugin = None
     if cfg.plugin:
         import sglang_chunk_align as plugin
@@ -225,10 +235,11 @@ def sglang_config(cfg: SchedulingConfig, radix: bool):
     finally:
         if plugin is not None:
             plugin.remove()
-        if saved_env is None:
-            os.environ.pop(env, None)
-        else:
-            os.environ[env] = saved_env
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def truncation_align_size(server_args, cfg: SchedulingConfig):
@@ -424,6 +435,13 @@ class SchedulerDriver:
         if adder.new_chunked_req is not None:
             assert self.chunked_req is None
             self.chunked_req = adder.new_chunked_req
+        cut_short = [r.rid for r in can_run
+                     if r is not self.chunked_req and r.extend_end < len(r.full_untruncated_fill_ids)]
+        if cut_short:
+            raise RuntimeError(
+                f"{self.cfg.name}: PrefillAdder cut requests {cut_short} short without making them "
+                f"the chunked request, so SGLang would treat their partial prefill as finished"
+            )
         if self.chunked_req is not None:
             self.chunked_req.inflight_middle_chunks += 1
         batch = self.new_batch(can_run, self.chunked_req)
@@ -523,11 +541,23 @@ def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, T
                 truncation_align_size=align, plugin=cfg.plugin, **result,
             ))
     return dict(
-        meta=dict(sglang=metadata.version("sglang"), seed=WORKLOAD_SEED, workload=asdict(spec)),
+        meta=dict(sglang=metadata.version("sglang"), seed=WORKLOAD_SEED, workload=asdict(spec),
+                  checkout=checkout_state()),
         requests=[asdict(request) for request in requests],
         group_lens=group_lens,
         schedules=schedules,
     )
+
+
+def checkout_state():
+    """The commit the plugin rows were scheduled with, and whether its package had local edits."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args):
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True).stdout.strip()
+
+    return dict(commit=git("rev-parse", "HEAD") or None,
+                plugin_modified=bool(git("status", "--porcelain", "sglang_chunk_align")))
 
 
 def load_requests(doc):
@@ -638,6 +668,10 @@ class Fa2PagedPrefill:
         import torch
 
         shape = self.shape
+        # plan() refills a pinned host buffer whose copy to the GPU the previous
+        # step may not have made yet. SGLang reads each step's sampled tokens
+        # before it plans the next, so the replay waits for the GPU here too.
+        torch.cuda.synchronize()
         start = time.perf_counter()
         self.wrapper.plan(
             qo_indptr, kv_indptr, kv_indices,
@@ -718,9 +752,10 @@ def run_batches(content: Content, kernel, batches, fixed_split):
 
     out = torch.zeros_like(content.q)
     dev = content.device
+    offset = content.offset
     for entries in batches:
-        q_rows = torch.cat([torch.arange(content.offset[r] + s, content.offset[r] + e, device=dev) for r, s, e in entries])
-        kv_indices = torch.cat([torch.arange(content.offset[r], content.offset[r] + e, device=dev) for r, _, e in entries])
+        q_rows = torch.cat([torch.arange(offset[r] + s, offset[r] + e, device=dev) for r, s, e in entries])
+        kv_indices = torch.cat([torch.arange(offset[r], offset[r] + e, device=dev) for r, _, e in entries])
         qo_indptr = torch.tensor([0] + [e - s for _, s, e in entries], dtype=torch.int32).cumsum(0, dtype=torch.int32)
         kv_indptr = torch.tensor([0] + [e for _, _, e in entries], dtype=torch.int32).cumsum(0, dtype=torch.int32)
         out[q_rows] = kernel(
@@ -744,18 +779,17 @@ def compare(content: Content, out, ref, schedule, requests):
     per_request = {}
     for rid, r in requests.items():
         base = content.offset[rid]
-        covered = torch.zeros(r.prompt_len, dtype=torch.bool)
+        got, want = out[base : base + r.prompt_len], ref[base : base + r.prompt_len]
         own_rows = torch.zeros(r.prompt_len, dtype=torch.bool)
         for s, e in computed[rid]:
             own_rows[s:e] = True
-        equal = (out[base : base + r.prompt_len] == ref[base : base + r.prompt_len]).flatten(1).all(1).cpu()
-        own_bad = own_rows & ~equal
-        covered |= own_rows
-        diff = _max_abs(out[base : base + r.prompt_len][own_bad.to(out.device)], ref[base : base + r.prompt_len][own_bad.to(out.device)])
+        own_bad = own_rows & ~(got == want).flatten(1).all(1).cpu()
+        covered = own_rows.clone()
+        diff = _max_abs(got[own_bad.to(got.device)], want[own_bad.to(got.device)])
         inherited, inherited_bad = 0, 0
         for donor, a, b in donors.get(rid, []):
             theirs = out[content.offset[donor] + a : content.offset[donor] + b]
-            mine = ref[base + a : base + b]
+            mine = want[a:b]
             bad = ~(theirs == mine).flatten(1).all(1)
             inherited += b - a
             inherited_bad += int(bad.sum())
@@ -766,7 +800,7 @@ def compare(content: Content, out, ref, schedule, requests):
         per_request[rid] = dict(
             own_rows=int(own_rows.sum()), own_bad=int(own_bad.sum()),
             inherited_rows=inherited, inherited_bad=inherited_bad, max_abs=diff,
-            exact=rid not in aborted and not own_bad.any() and inherited_bad == 0,
+            exact=rid not in aborted and not bool(own_bad.any()) and inherited_bad == 0,
         )
     return per_request
 
@@ -786,7 +820,8 @@ def replay(doc, shapes=SHAPES, device="cuda", make_kernel=Fa2PagedPrefill):
         for schedule in doc["schedules"]:
             split = schedule["fixed_split"]
             if split not in solo:  # each request alone and unchunked, same fixed split
-                solo[split] = run_batches(content, kernel, [[(rid, 0, r.prompt_len)] for rid, r in requests.items()], split)
+                alone = [[(rid, 0, r.prompt_len)] for rid, r in requests.items()]
+                solo[split] = run_batches(content, kernel, alone, split)
                 kernel.take_timing()
             out = run_batches(content, kernel, schedule["steps"], split)
             plan_calls, plan_ms, kernel_ms = kernel.take_timing()
@@ -870,6 +905,31 @@ def results_table(rows):
     return _table(RESULT_COLUMNS, [_cells(r) for r in rows])
 
 
+def summary_table(rows):
+    """One row per (radix, configuration): exact % per shape as measured (and as predicted), and
+    the requests the tile rule called clear that still came out inexact, per shape."""
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["radix"], r["config"]), {})[r["shape"]] = r
+    header = ["radix", "config", *(f"exact % {s} (predicted)" for s in shapes), "rows mismatched",
+              "inherited rows mismatched", "clear but inexact", "max abs diff", f"kernel ms {shapes[0]}",
+              "plan calls", "prefill steps"]
+    table = []
+    for (radix, config), by_shape in groups.items():
+        first = by_shape[shapes[0]]
+        table.append([
+            "on" if radix else "off", config,
+            *(f"{by_shape[s]['exact_pct']} ({by_shape[s]['predicted_exact_pct'] or '-'})" for s in shapes),
+            " / ".join(str(by_shape[s]["rows_mismatched"]) for s in shapes),
+            " / ".join(str(by_shape[s]["inherited_rows_mismatched"]) for s in shapes),
+            " / ".join(str((by_shape[s]["prediction_check"] or {}).get("clear_inexact", "-")) for s in shapes),
+            f"{max(by_shape[s]['max_abs_diff'] for s in shapes):.3g}",
+            first["kernel_ms"], first["plan_calls"], first["prefill_steps"],
+        ])
+    return _table(header, table)
+
+
 def _write_json(path, obj):
     with open(path, "w") as f:
         json.dump(obj, f, separators=(",", ":"))
@@ -883,11 +943,21 @@ def main(argv=None):
     sched.add_argument("--small", action="store_true", help="the small CI workload")
     sched.add_argument("--uncapped", action="store_true", help="no cap on KV memory")
     sched.add_argument("--out", help="write the schedule document (JSON) here")
+    sched.add_argument("--configs", nargs="+", choices=[c.name for c in CONFIGS],
+                       default=[c.name for c in CONFIGS], help="schedule only these configurations")
     rep = sub.add_parser("replay", help="GPU: replay a schedule document through flashinfer fa2")
     rep.add_argument("--schedules", required=True)
     rep.add_argument("--json", help="write the results (JSON) here")
     rep.add_argument("--shapes", nargs="+", choices=[s.name for s in SHAPES], default=[s.name for s in SHAPES])
+    show = sub.add_parser("report", help="print the tables of a results document (JSON)")
+    show.add_argument("--results", required=True)
     args = parser.parse_args(argv)
+
+    if args.command == "report":
+        with open(args.results) as f:
+            results = json.load(f)
+        print(f"{results['meta']}\n\n{summary_table(results['rows'])}\n\n{results_table(results['rows'])}")
+        return 0
 
     if args.command == "schedule":
         # Benchmark the plugin in this checkout, installed or not.
@@ -896,7 +966,7 @@ def main(argv=None):
         if args.uncapped:
             spec = WorkloadSpec(**{**asdict(spec), "kv_tokens": UNCAPPED_KV_TOKENS})
         start = time.perf_counter()
-        doc = schedule_workload(spec)
+        doc = schedule_workload(spec, [c for c in CONFIGS if c.name in args.configs])
         print(schedule_report(doc))
         print(f"\nscheduled {len(doc['requests'])} requests x {len(doc['schedules'])} schedules "
               f"in {time.perf_counter() - start:.1f} s (SGLang {doc['meta']['sglang']})")
@@ -924,7 +994,7 @@ def main(argv=None):
             meta["replay_s"] = round(time.perf_counter() - start, 1)
             if args.json:  # after each shape, so a run cut short keeps what it measured
                 _write_json(args.json, dict(meta=meta, rows=rows))
-    print(f"\n{meta}\n\n{results_table(rows)}")
+    print(f"\n{meta}\n\n{summary_table(rows)}\n\n{results_table(rows)}")
     return 0
 
 

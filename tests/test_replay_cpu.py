@@ -23,9 +23,20 @@ torch = pytest.importorskip("torch")
 TINY_SHAPES = (rd.ModelShape("g4-d8", 8, 2, 8), rd.ModelShape("g2-d256", 4, 2, 256))
 
 
+STOCK_CONFIGS = [c for c in rd.CONFIGS if not c.plugin]
+PLUGIN_CONFIGS = [c for c in rd.CONFIGS if c.plugin]
+
+
 @pytest.fixture(scope="module")
 def doc():
-    return rd.schedule_workload(rd.SMALL_WORKLOAD)
+    """Stock SGLang's schedules (deterministic and not): these test the benchmark itself."""
+    return rd.schedule_workload(rd.SMALL_WORKLOAD, STOCK_CONFIGS)
+
+
+@pytest.fixture(scope="module")
+def plugin_doc():
+    """The plugin's schedules: these test what the plugin makes SGLang do."""
+    return rd.schedule_workload(rd.SMALL_WORKLOAD, PLUGIN_CONFIGS)
 
 
 def by_name(doc, config, radix):
@@ -53,13 +64,11 @@ def test_committed_schedules_match_the_generator():
 
 def test_alignment_comes_from_the_scheduler(doc):
     aligns = {s["config"]: s["truncation_align_size"] for s in doc["schedules"]}
-    assert aligns["stock-4096"] == 4096
-    assert aligns["upstream-128"] == 128
-    assert aligns["plugin-128"] == aligns["plugin-1024"] == 128
-    assert aligns["nondeterministic"] is None
+    assert aligns == {"stock-4096": 4096, "stock-split-128": 128, "nondeterministic": None}
 
 
-def test_every_request_prefills_its_whole_prompt_in_order(doc):
+def assert_whole_prompts_in_order(doc):
+    """Every request prefills [0, prompt) exactly once, in order, within the chunk budget."""
     requests = rd.load_requests(doc)
     for schedule in doc["schedules"]:
         donors = rd.donor_runs(schedule)
@@ -73,8 +82,12 @@ def test_every_request_prefills_its_whole_prompt_in_order(doc):
         assert position == {rid: r.prompt_len for rid, r in requests.items()}, schedule["config"]
 
 
+def test_every_request_prefills_its_whole_prompt_in_order(doc):
+    assert_whole_prompts_in_order(doc)
+
+
 def test_radix_off_keeps_aligned_configs_on_the_grid(doc):
-    for config in ("stock-4096", "upstream-128", "plugin-256"):
+    for config in ("stock-4096", "stock-split-128"):
         schedule = by_name(doc, config, radix=False)
         assert all(s % 128 == 0 for step in schedule["steps"] for _, s, _ in step), config
         assert schedule["radix_hit_tokens"] == 0 and not schedule["donors"]
@@ -89,26 +102,33 @@ def test_radix_hits_land_off_the_grid(doc):
     assert any("donor" in h for h in hazards.values())
 
 
-def test_small_chunks_predict_tile_hazards_solo_would_not_have(doc):
+def test_length_alignment_predicts_tile_hazards_solo_would_not_have(doc):
     requests = rd.load_requests(doc)
-    for config in ("upstream-128", "plugin-128"):
-        schedule = by_name(doc, config, radix=True)
-        hazards = rd.predict_hazards(schedule, requests, rd.SHAPES[0])
-        tiled = [rid for rid, h in hazards.items() if "tile" in h]
-        assert tiled, config
-        # Alone and unchunked, each of these requests would be one batch with its solo tile.
-        solo = {"steps": [[(rid, 0, requests[rid].prompt_len)] for rid in tiled],
-                "donors": {}, "fixed_split": schedule["fixed_split"]}
-        assert not any(rd.predict_hazards(solo, requests, rd.SHAPES[0]).values())
+    schedule = by_name(doc, "stock-split-128", radix=True)
+    hazards = rd.predict_hazards(schedule, requests, rd.SHAPES[0])
+    tiled = [rid for rid, h in hazards.items() if "tile" in h]
+    assert tiled
+    # Alone and unchunked, each of these requests would be one batch with its solo tile.
+    solo = {"steps": [[(rid, 0, requests[rid].prompt_len)] for rid in tiled],
+            "donors": {}, "fixed_split": schedule["fixed_split"]}
+    assert not any(rd.predict_hazards(solo, requests, rd.SHAPES[0]).values())
     assert rd.predict_hazards(by_name(doc, "nondeterministic", True), requests, rd.SHAPES[0]) is None
+
+
+def test_plugin_schedules_finish_every_prompt_on_the_grid(plugin_doc):
+    assert {s["truncation_align_size"] for s in plugin_doc["schedules"]} == {128}
+    assert_whole_prompts_in_order(plugin_doc)
+    for schedule in plugin_doc["schedules"]:
+        if not schedule["radix"]:
+            assert schedule["radix_hit_tokens"] == 0 and not schedule["donors"]
 
 
 def test_schedule_command_prints_the_report(capsys, tmp_path):
     out = tmp_path / "small.json"
-    assert rd.main(["schedule", "--small", "--out", str(out)]) == 0
+    assert rd.main(["schedule", "--small", "--configs", "stock-4096", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| on | stock-4096 |" in printed and "predicted exact % g4-d128" in printed
-    assert len(json.loads(out.read_text())["schedules"]) == 2 * len(rd.CONFIGS)
+    assert [s["config"] for s in json.loads(out.read_text())["schedules"]] == ["stock-4096"] * 2
 
 
 class ExactKernel:
@@ -166,7 +186,7 @@ def test_replay_plumbing_is_exact_with_an_exact_kernel(doc):
 def test_replay_measures_what_the_tile_rule_predicts(doc):
     rows = rd.replay(doc, TINY_SHAPES, device="cpu", make_kernel=TileRuleKernel)
     checked = [r for r in rows if r["prediction_check"] is not None]
-    assert len(checked) == 2 * (len(rd.CONFIGS) - 1) * len(TINY_SHAPES)
+    assert len(checked) == 2 * 2 * len(TINY_SHAPES)  # stock-4096 and stock-split-128, radix off and on
     for row in checked:
         check = row["prediction_check"]
         assert check["clear_inexact"] == 0 and check["hazard_exact"] == 0, row
