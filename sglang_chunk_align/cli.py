@@ -19,7 +19,19 @@ from importlib import metadata
 from . import patches
 from .planning import Rules, plan
 from .alignment import PREFILL_Q_TILE_TOKENS
-from .compat import SUPPORTED_SGLANG, ChunkAlignError, check_sglang_version, installed_version
+from .compat import (
+    ALLOW_UNTESTED_ENV,
+    RADIX_CACHE_ENV,
+    RULES_ENV,
+    SUPPORTED_SGLANG,
+    ChunkAlignError,
+    check_sglang_version,
+    env_flag,
+    installed_version,
+)
+
+# The environment switches and their defaults (README, "Switches").
+SWITCHES = {RULES_ENV: True, RADIX_CACHE_ENV: False, ALLOW_UNTESTED_ENV: False}
 
 # What a deterministic FlashInferAttnBackend.__init__ sets (flashinfer_backend.py).
 DETERMINISTIC_FLASHINFER_STATE = {
@@ -76,11 +88,17 @@ def run_doctor():
     report = {
         "versions": {d: _dist_version(d) for d in ("sglang-chunk-align", "sglang", "flashinfer-python", "torch", "wrapt")},
         "supported_sglang": str(SUPPORTED_SGLANG),
+        "switches": {},
         "problems": [],
         "warnings": [],
         "patch_points": [],
         "backends": {},
     }
+    for name, default in SWITCHES.items():
+        try:
+            report["switches"][name] = int(env_flag(name, default))
+        except ChunkAlignError as error:
+            report["problems"].append(str(error))
     try:
         warning = check_sglang_version(version)
         if warning:
@@ -107,6 +125,7 @@ def run_doctor():
         if report["backends"].get("FlashInferAttnBackend") != 128:
             report["problems"].append("FlashInferAttnBackend does not declare 128 under deterministic inference")
         patches.remove()
+    report["problems"] = list(dict.fromkeys(report["problems"]))  # an invalid switch is seen twice
     report["ok"] = not report["problems"]
     return report
 
@@ -139,6 +158,7 @@ def format_doctor(report):
     lines = ["sglang-chunk-align doctor"]
     lines += [f"  {name:<20} {version or 'not installed'}" for name, version in report["versions"].items()]
     lines.append(f"  supported SGLang     {report['supported_sglang']}")
+    lines += [f"  {name}={value}" for name, value in report["switches"].items()]
     lines.append("patch points:")
     lines += [f"  [{p['status']}] {p['name']}  ({p['versions']}: {p['reason']})" for p in report["patch_points"]]
     if report["backends"]:

@@ -23,10 +23,6 @@ def activate(rules):
     _active = rules
 
 
-def active_rules():
-    return _active
-
-
 class _NoGridCut(Exception):
     """The budget holds no grid-aligned cut: the request waits for a later step."""
 

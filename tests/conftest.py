@@ -72,8 +72,13 @@ def published(deterministic=True, chunk=256, **fields):
     )
 
 
-def scheduler_alignment(make_backend=flashinfer_backend, deterministic=True, chunk=256, hf_config=None, tree_cache=None, **fields):
-    """Run the Scheduler's own alignment steps; return truncation_align_size (or raise)."""
+def scheduler_alignment(make_backend=flashinfer_backend, deterministic=True, chunk=256, hf_config=None, tree_cache=None,
+                        scheduler_state=None, **fields):
+    """Run the Scheduler's own alignment steps; return truncation_align_size (or raise).
+
+    `scheduler_state` (a dict) seeds attributes earlier init steps set, and
+    receives the scheduler's attributes afterwards.
+    """
     import transformers
     from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.managers.scheduler import Scheduler
@@ -88,8 +93,11 @@ def scheduler_alignment(make_backend=flashinfer_backend, deterministic=True, chu
         scheduler.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=make_backend()))
         scheduler.disaggregation_mode = DisaggregationMode.NULL
         scheduler.tree_cache = tree_cache
+        vars(scheduler).update(scheduler_state or {})
         for step in ALIGNMENT_STEPS:
             getattr(scheduler, step)()
+        if scheduler_state is not None:
+            scheduler_state.update(vars(scheduler))
         return scheduler.truncation_align_size
 
 

@@ -87,3 +87,36 @@ def test_scheduler_logs_the_chosen_alignment_and_backend(plugin, caplog):
     with caplog.at_level("INFO", logger="sglang_chunk_align"):
         scheduler_alignment(chunk=256)
     assert "aligned to 128 tokens (FlashInferAttnBackend.prefill_chunk_align = 128)" in caplog.text
+
+
+def test_grid_rules_turn_mixed_chunk_off_with_a_warning(plugin, caplog):
+    state = {"is_mixed_chunk": True}
+    with caplog.at_level("WARNING", logger="sglang_chunk_align"):
+        scheduler_alignment(chunk=256, scheduler_state=state)
+    assert state["is_mixed_chunk"] is False
+    assert "--enable-mixed-chunk turned off" in caplog.text
+
+
+def test_mixed_chunk_stays_on_without_the_rules(plugin, monkeypatch):
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "0")
+    state = {"is_mixed_chunk": True}
+    scheduler_alignment(chunk=256, scheduler_state=state)
+    assert state["is_mixed_chunk"] is True
+
+
+def test_chunk_128_warns_that_short_tails_cannot_be_merged(plugin, caplog):
+    with caplog.at_level("WARNING", logger="sglang_chunk_align"):
+        scheduler_alignment(chunk=128)
+    assert "--chunked-prefill-size 128 leaves no room to merge" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sglang_chunk_align"):
+        scheduler_alignment(chunk=256)
+    assert "leaves no room" not in caplog.text
+
+
+def test_invalid_rules_switch_is_refused(plugin, monkeypatch):
+    from sglang_chunk_align.compat import ChunkAlignError
+
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "off")
+    with pytest.raises(ChunkAlignError, match="SGLANG_CHUNK_ALIGN_RULES='off' is not valid"):
+        scheduler_alignment(chunk=256)
