@@ -7,7 +7,13 @@ a fixed split-KV size runs, and a wrapper forwards what the child that runs
 its prefill (EXTEND) declares. patches.py installs these as properties.
 """
 
+import os
+
 from .alignment import PREFILL_Q_TILE_TOKENS, combine_alignments
+from .compat import ChunkAlignError
+
+# Stock SGLang before 0.5.22 aligned deterministic triton prefill to this (default 4096).
+TRITON_ALIGN_ENV = "SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE"
 
 
 def flashinfer_prefill_chunk_align(backend):
@@ -20,6 +26,16 @@ def flashinfer_prefill_chunk_align(backend):
         and not getattr(backend, "skip_prefill", False)
     )
     return PREFILL_Q_TILE_TOKENS if runs_fixed_split_fa2 else None
+
+
+def triton_prefill_chunk_align(backend):
+    """What stock SGLang before 0.5.22 aligned deterministic triton prefill to."""
+    if not getattr(backend, "enable_deterministic", False):
+        return None
+    raw = os.environ.get(TRITON_ALIGN_ENV, "4096")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ChunkAlignError(f"{TRITON_ALIGN_ENV}={raw!r} is not valid: use a positive number of tokens.")
+    return int(raw)
 
 
 def forward_to(*children):

@@ -107,16 +107,16 @@ def run_doctor():
     except ChunkAlignError as error:
         report["problems"].append(str(error))
     applied = patches.installed_names()
-    selected = patches.selected_points(version) if version else []
+    release = patches.release_points(version) if version else []
     for point in patches.PATCH_POINTS:
-        if point.name in applied:
+        if point not in release:
+            status = f"not for SGLang {version}"
+        elif point.name in applied:
             status = "applied"
-        elif point in selected:
-            status = "not applied"
-        elif point.opt_in and version and point.versions.contains(version, prereleases=True):
+        elif point.opt_in:
             status = f"off (opt in with {point.opt_in}=1)"
         else:
-            status = f"not needed on SGLang {version}"
+            status = "not applied"
         report["patch_points"].append(
             {"name": point.name, "versions": str(point.versions), "reason": point.reason, "status": status}
         )

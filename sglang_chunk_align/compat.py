@@ -11,7 +11,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 # Releases whose patch points were read and tested (README, "Supported versions").
-SUPPORTED_SGLANG = SpecifierSet(">=0.5.23,<0.5.24")
+SUPPORTED_SGLANG = SpecifierSet(">=0.5.12,<0.5.24")
 # Set to 1 to try an untested newer release: every patch point is still checked.
 ALLOW_UNTESTED_ENV = "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED"
 # Set to 0 to keep only the 128-token length alignment (planning.py's rules off).

@@ -27,6 +27,8 @@ logger = logging.getLogger("sglang_chunk_align")
 
 _ATTN = "sglang.srt.layers.attention."
 _POLICY = "sglang.srt.managers.schedule_policy"
+_SCHEDULER = "sglang.srt.managers.scheduler"
+ALL_RELEASES = ">=0"  # every release compat.SUPPORTED_SGLANG admits
 _ABSENT = object()
 
 
@@ -48,15 +50,15 @@ class PatchPoint:
         return f"{self.module}.{self.target}"
 
 
-def _declare(module, target, value, reason, versions=">=0.5.23"):
+def _declare(module, target, value, reason, versions=ALL_RELEASES):
     return PatchPoint(module, target, SpecifierSet(versions), reason, declare=value)
 
 
-def _wrap(module, target, wrapper, reason, versions=">=0.5.23"):
+def _wrap(module, target, wrapper, reason, versions=ALL_RELEASES):
     return PatchPoint(module, target, SpecifierSet(versions), reason, wrapper=wrapper)
 
 
-def _add_member(module, target, member, reason, opt_in, versions=">=0.5.23"):
+def _add_member(module, target, member, reason, opt_in, versions=ALL_RELEASES):
     return PatchPoint(module, target, SpecifierSet(versions), reason, member=member, opt_in=opt_in)
 
 
@@ -70,7 +72,10 @@ PATCH_POINTS = (
              "FlashInferAttnBackend subclass whose prefill runs TRT-LLM kernels"),
     _declare(_ATTN + "llada2_cfg_flashinfer_backend",
              "LLaDA2CFGFlashInferAttnBackend.prefill_chunk_align", None,
-             "FlashInferAttnBackend subclass whose diffusion prefill is not chunked fa2"),
+             "FlashInferAttnBackend subclass whose diffusion prefill is not chunked fa2", ">=0.5.22"),
+    _declare(_ATTN + "triton_backend", "TritonAttnBackend.prefill_chunk_align",
+             property(backends.triton_prefill_chunk_align),
+             "keeps what these releases aligned deterministic triton to", "<0.5.22"),
     _declare(_ATTN + "hybrid_attn_backend", "HybridAttnBackend.prefill_chunk_align",
              property(backends.forward_to("prefill_backend")),
              "EXTEND runs on the prefill backend"),
@@ -79,44 +84,50 @@ PATCH_POINTS = (
              "full-attention layers run on the full-attention child; the mamba grid is SGLang's own LCM step"),
     _declare(_ATTN + "tbo_backend", "TboAttnBackend.prefill_chunk_align",
              property(backends.forward_to("primary")),
-             "its __getattr__ forwards to primary, but the base-class default would shadow it"),
+             "runs its primary's prefill; from 0.5.15 its __getattr__ would, but a base-class default shadows it"),
     _declare(_ATTN + "minimax_sparse_backend", "MiniMaxHybridAttnBackend.prefill_chunk_align",
              property(backends.forward_to("dense", "sparse")),
-             "dense and sparse layers both prefill; the chunk must suit both"),
+             "dense and sparse layers both prefill; the chunk must suit both", ">=0.5.16"),
     _declare(_ATTN + "dots_hybrid_backend", "DotsSWAMLAAttnBackend.prefill_chunk_align",
              property(backends.forward_to("backend")),
-             "adds latent-cache SWA around its inner backend, which runs the prefill"),
+             "adds latent-cache SWA around its inner backend, which runs the prefill", ">=0.5.19"),
     _declare(_ATTN + "dots_hybrid_backend", "DotsHybridAttnBackend.prefill_chunk_align",
              property(backends.forward_to("dsa_backend", "swa_backend")),
-             "DSA and SWA layers both prefill; the chunk must suit both"),
-    _wrap("sglang.srt.managers.scheduler", "Scheduler.init_deterministic_inference_config",
+             "DSA and SWA layers both prefill; the chunk must suit both", ">=0.5.19"),
+    _wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
+          scheduler_hooks.init_alignment_and_check,
+          "stock maps backend names to the 4096-token split tile and has no startup check", "<0.5.22"),
+    _wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
           scheduler_hooks.init_alignment_from_backend,
-          "stock maps backend names to the 4096-token split tile; read the live backend instead"),
-    _wrap("sglang.srt.managers.scheduler", "Scheduler.check_truncation_align_fits_chunk",
-          scheduler_hooks.check_chunk_serves_alignment,
-          "stock points users at the split-tile variable and accepts chunks off the q-tile grid"),
+          "stock maps backend names to the 4096-token split tile; read the live backend instead", ">=0.5.22"),
+    _wrap(_SCHEDULER, "Scheduler.check_truncation_align_fits_chunk",
+          scheduler_hooks.check_chunk_serves_alignment(rules_available=False),
+          "stock points users at the split-tile variable and accepts chunks off the q-tile grid", "==0.5.22"),
+    _wrap(_SCHEDULER, "Scheduler.check_truncation_align_fits_chunk",
+          scheduler_hooks.check_chunk_serves_alignment(rules_available=True),
+          "as on 0.5.22, and it activates the grid rules below", ">=0.5.23"),
+    # The grid rules: 0.5.23 is the first release with every admission path they need.
     _wrap("sglang.srt.managers.schedule_batch", "match_kv_cache", prefill_hooks.match_on_grid,
-          "a radix hit may end anywhere; Req.init_next_round_input calls this module binding"),
+          "a radix hit may end anywhere; Req.init_next_round_input calls this module binding", ">=0.5.23"),
     _wrap(_POLICY, "PrefillAdder._select_prefill_admission", prefill_hooks.admit_on_grid,
-          "SGLang floors a new request's chunk length but leaves tails shorter than 65 tokens"),
+          "SGLang floors a new request's chunk length but leaves tails shorter than 65 tokens", ">=0.5.23"),
     _wrap(_POLICY, "PrefillAdder.floor_chunked_tokens", prefill_hooks.cut_on_grid,
-          "continuation, memory-pressure and ignore_eos cuts are not aligned at all"),
+          "continuation, memory-pressure and ignore_eos cuts are not aligned at all", ">=0.5.23"),
     _wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.park_without_grid_cut,
-          "a continuation whose budget holds no grid cut waits instead of leaving the grid"),
+          "a continuation whose budget holds no grid cut waits instead of leaving the grid", ">=0.5.23"),
     _wrap(_POLICY, "PrefillAdder.add_one_req_ignore_eos", prefill_hooks.defer_without_grid_cut,
-          "an ignore_eos request whose budget holds no grid cut waits instead of leaving the grid"),
+          "an ignore_eos request whose budget holds no grid cut waits instead of leaving the grid", ">=0.5.23"),
     _wrap(_POLICY, "PrefillAdder.add_one_req", prefill_hooks.keep_solo_tiles,
-          "fa2 picks one tile per batch; thin batches move members off their solo tile"),
+          "fa2 picks one tile per batch; thin batches move members off their solo tile", ">=0.5.23"),
     _add_member("sglang.srt.arg_groups.choices", "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND",
                 "flashinfer", "stock turns the radix cache off under deterministic flashinfer",
-                opt_in=RADIX_CACHE_ENV),
+                RADIX_CACHE_ENV, ">=0.5.23"),
 )
 
 # Installed only when apply() fails, so that a failure SGLang's plugin loader
 # swallows still stops deterministic flashinfer from starting with stock alignment.
-FAILURE_GUARD = _wrap("sglang.srt.managers.scheduler", "Scheduler.__init__", None,
-                      "refuse deterministic flashinfer when the plugin could not apply",
-                      versions=">=0")
+FAILURE_GUARD = _wrap(_SCHEDULER, "Scheduler.__init__", None,
+                      "refuse deterministic flashinfer when the plugin could not apply")
 
 _lock = threading.Lock()
 _installed = {}  # point name -> (owner, attribute, what owner.__dict__ held)
@@ -156,11 +167,14 @@ def installed_names():
     return set(_installed)
 
 
+def release_points(version):
+    """The points whose version gate admits `version`, opt-in or not."""
+    return [p for p in PATCH_POINTS if p.versions.contains(version, prereleases=True)]
+
+
 def selected_points(version):
-    return [
-        p for p in PATCH_POINTS
-        if p.versions.contains(version, prereleases=True) and (p.opt_in is None or env_flag(p.opt_in, False))
-    ]
+    """The points apply() installs on `version`: its release points, less opt-ins left off."""
+    return [p for p in release_points(version) if p.opt_in is None or env_flag(p.opt_in, False)]
 
 
 def _install(point, owner, attribute, stock):

@@ -28,30 +28,47 @@ def init_alignment_from_backend(wrapped, instance, args, kwargs):
     instance.truncation_align_size, _ = backend_alignment(live_backend(instance))
 
 
-def check_chunk_serves_alignment(wrapped, instance, args, kwargs):
-    """Replaces Scheduler.check_truncation_align_fits_chunk: runs after the LCM steps.
+def init_alignment_and_check(wrapped, instance, args, kwargs):
+    """Replaces init_deterministic_inference_config on releases without the stock
+    startup check (before 0.5.22): without it a chunk below the alignment
+    leaves long prompts waiting forever (SGLang issue 36344)."""
+    init_alignment_from_backend(wrapped, instance, args, kwargs)
+    _check_chunk(instance, rules_available=False)
 
-    Also activates planning.py's rules for this process's PrefillAdder hooks.
+
+def check_chunk_serves_alignment(rules_available):
+    """Replaces Scheduler.check_truncation_align_fits_chunk, which runs after the LCM steps.
+
+    Where this release has the PrefillAdder patch points, it also activates
+    planning.py's rules for them.
     """
-    q_tile, declared = backend_alignment(live_backend(instance))
-    align = instance.truncation_align_size
+
+    def check(wrapped, instance, args, kwargs):
+        _check_chunk(instance, rules_available)
+
+    return check
+
+
+def _check_chunk(scheduler, rules_available):
+    q_tile, declared = backend_alignment(live_backend(scheduler))
+    align = scheduler.truncation_align_size
     rules = None
-    if q_tile is not None and env_flag(RULES_ENV, True):
-        rules = Rules(grid=align, head_dim=getattr(instance.model_config, "head_dim", None))
+    if q_tile is not None and env_flag(RULES_ENV, True) and rules_available:
+        rules = Rules(grid=align, head_dim=getattr(scheduler.model_config, "head_dim", None))
     logger.info(
         "sglang-chunk-align: prefill chunks aligned to %s (%s); grid rules %s",
         f"{align} tokens" if align else "nothing",
         declared,
-        "on" if rules else "off",
+        "on" if rules else "off" if rules_available else "not available on this SGLang release",
     )
-    _check_radix_cache(instance, rules)
+    _check_radix_cache(scheduler, rules)
     prefill_hooks.activate(rules)
     if rules is not None:
-        _keep_batches_on_solo_tiles(instance, rules)
-    if _is_decode_server(instance):
+        _keep_batches_on_solo_tiles(scheduler, rules)
+    if _is_decode_server(scheduler):
         return  # A decode server never prefills a prompt.
     problem = chunk_size_error(
-        instance.chunked_prefill_size, align, q_tile, _attn_dp_size(instance.server_args)
+        scheduler.chunked_prefill_size, align, q_tile, _attn_dp_size(scheduler.server_args)
     )
     if problem:
         raise ValueError(problem)
@@ -62,7 +79,8 @@ def _check_radix_cache(scheduler, rules):
         return
     if rules is None:
         raise ValueError(
-            f"{RADIX_CACHE_ENV}=1 needs the grid rules: unset {RULES_ENV}=0, or drop {RADIX_CACHE_ENV}."
+            f"{RADIX_CACHE_ENV}=1 needs the grid rules (SGLang 0.5.23 or newer, {RULES_ENV} not 0): "
+            f"drop {RADIX_CACHE_ENV}, or turn the rules back on."
         )
     if scheduler.tree_cache.supports_mamba():
         raise ValueError(

@@ -44,7 +44,7 @@ def test_newer_sglang_with_the_override_warns_and_checks_every_point(sglang_vers
     sglang_version("0.6.0")
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED", "1")
     patches.apply()
-    assert patches.installed_names() == {p.name for p in patches.PATCH_POINTS if p.opt_in is None}
+    assert patches.installed_names() == {p.name for p in patches.release_points(Version("0.6.0")) if p.opt_in is None}
     assert "newer than the tested range" in caplog.text
 
 
@@ -110,10 +110,14 @@ def test_doctor_reports_a_working_install():
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["ok"] and report["versions"]["sglang"] == "0.5.23"
-    statuses = {p["name"]: p["status"] for p in report["patch_points"]}
-    radix = "sglang.srt.arg_groups.choices.RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND"
-    assert statuses.pop(radix) == "off (opt in with SGLANG_CHUNK_ALIGN_RADIX_CACHE=1)"
-    assert set(statuses.values()) == {"applied"}
+    statuses = [(p["name"].rsplit(".", 2)[-2:], p["versions"], p["status"]) for p in report["patch_points"]]
+    assert (["choices", "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND"], ">=0.5.23",
+            "off (opt in with SGLANG_CHUNK_ALIGN_RADIX_CACHE=1)") in statuses
+    assert (["TritonAttnBackend", "prefill_chunk_align"], "<0.5.22", "not for SGLang 0.5.23") in statuses
+    assert (["Scheduler", "init_deterministic_inference_config"], ">=0.5.22", "applied") in statuses
+    assert {status for _, _, status in statuses} == {
+        "applied", "not for SGLang 0.5.23", "off (opt in with SGLANG_CHUNK_ALIGN_RADIX_CACHE=1)"
+    }
     assert report["backends"]["FlashInferAttnBackend"] == 128
     assert report["backends"]["FlashInferMLAAttnBackend"] is None
     assert report["backends"]["TboAttnBackend"] == 128

@@ -22,7 +22,7 @@ import replay_determinism as rd  # noqa: E402
 RULES = Rules()
 
 
-def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, monkeypatch=None):
+def run_schedule(prompts, chunk, kv_tokens, radix, rules=True):
     """prompts: [(prompt_len, shared_len, arrival_step)]; returns the driver's result."""
     base = [random.Random(1).randrange(1000, 90_000) for _ in range(max(p[0] for p in prompts))]
     requests, arrivals = [], []
@@ -37,7 +37,7 @@ def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, monkeypatch=None)
         shared_fraction=0.5, max_output=2, n_waves=1, wave_gap_steps=1, kv_tokens=kv_tokens,
         max_running_requests=16,
     )
-    cfg = rd.SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True)
+    cfg = rd.SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True, rules=rules)
     with rd.sglang_config(cfg, radix) as server_args:
         align = rd.truncation_align_size(server_args, cfg)
         return requests, rd.SchedulerDriver(spec, cfg, radix, align).run(arrivals)
@@ -87,10 +87,10 @@ def test_short_prompt_waits_for_a_batch_on_its_own_tile():
     assert together == [(1, 0, 50)]
 
 
-def test_stock_length_alignment_fails_the_same_checks(monkeypatch):
-    """The checks are sensitive: without the rules SGLang's schedule breaks them."""
-    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "0")
-    requests, result = run_schedule([(1500, 1000, 0), (2500, 1000, 8), (1040, 0, 8), (50, 0, 8)], 256, 16384, True)
+def test_length_alignment_alone_fails_the_same_checks():
+    """The checks are sensitive: with the rules off (SGLANG_CHUNK_ALIGN_RULES=0) SGLang's schedule breaks them."""
+    prompts = [(1500, 1000, 0), (2500, 1000, 8), (1040, 0, 8), (50, 0, 8)]
+    requests, result = run_schedule(prompts, 256, 16384, radix=True, rules=False)
     starts = [start for step in result["steps"] for rid, start, _ in step if rid == 1]
     assert starts[0] == 1000
     with pytest.raises(AssertionError, match="request 1 starts at 1000"):

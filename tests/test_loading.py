@@ -17,7 +17,7 @@ ABSENT = object()
 
 def owner_dicts():
     state = {}
-    for point in patches.PATCH_POINTS:
+    for point in patches.release_points(patches.installed_version()):
         *class_name, attribute = point.target.split(".")
         owner = importlib.import_module(point.module)
         if class_name:
@@ -58,33 +58,31 @@ def run_order(order, plugins="chunk_align"):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _all_points():
-    """Every point but the opt-in ones, which these runs do not select."""
-    from sglang_chunk_align.patches import PATCH_POINTS
+def _release_points():
+    from sglang_chunk_align import patches
 
-    return sorted(p.name for p in PATCH_POINTS if p.opt_in is None)
+    return patches.release_points(patches.installed_version())
+
+
+def _all_points():
+    """Every point for this release but the opt-in ones, which these runs do not select."""
+    return sorted(p.name for p in _release_points() if p.opt_in is None)
 
 
 def _methods():
-    from sglang_chunk_align.patches import PATCH_POINTS
-
-    return sorted(p.name for p in PATCH_POINTS if p.wrapper is not None)
+    return sorted(p.name for p in _release_points() if p.wrapper is not None)
 
 
 def _stock_methods_only(state):
-    """What stock 0.5.23 has: the wrapped functions, unwrapped, the lists, and no declarations."""
-    from sglang_chunk_align.patches import PATCH_POINTS
-
-    stock = sorted(p.name for p in PATCH_POINTS if p.wrapper is not None or p.opt_in is not None)
+    """What stock SGLang has: the wrapped functions, unwrapped, the lists, and no declarations."""
+    stock = sorted(p.name for p in _release_points() if p.wrapper is not None or p.opt_in is not None)
     return state["present"] == stock and state["wrapped"] == [] and state["installed"] == []
 
 
 def test_sglang_load_plugins_applies_the_entry_point():
-    from sglang_chunk_align.patches import PATCH_POINTS
-
     state = run_order("load_plugins")
     assert state["installed"] == _all_points()
-    assert state["present"] == sorted(p.name for p in PATCH_POINTS)
+    assert state["present"] == sorted(p.name for p in _release_points())
     assert state["wrapped"] == _methods()
 
 

@@ -1,0 +1,208 @@
+"""Every patch point exists, with the shape its wrapper relies on, in every SGLang release in range.
+
+The rest of the suite imports the one SGLang installed in the venv, so it
+proves the patch points against that release only. This test reads each
+release's wheel as data (zipfile + ast; nothing is installed or imported) and
+checks what patches.apply() would resolve there: every point that
+patches.release_points() gives for that version, opt-in points included,
+and the failure guard, which every release needs. The version gates come from
+the table in patches.py, the single source of truth; this file only knows how
+to find a point in source.
+
+The wheels come from SGLANG_RELEASE_WHEELS, a folder of sglang-<version>-*.whl
+files (`pip download --no-deps sglang==<version> -d DIR`). Without it the
+module skips; with it, a release whose wheel is missing fails.
+"""
+
+import ast
+import functools
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from sglang_chunk_align.patches import _ABSENT, FAILURE_GUARD, PatchPoint, release_points
+
+WHEELS_ENV = "SGLANG_RELEASE_WHEELS"
+if not os.environ.get(WHEELS_ENV):
+    pytest.skip(
+        f"set {WHEELS_ENV} to a folder of sglang wheels (pip download --no-deps sglang==X); .ci/run does",
+        allow_module_level=True,
+    )
+
+# Every SGLang release that has the plugin system.
+RELEASES = (
+    "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
+    "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)
+
+# The parameters the wrappers (scheduler_hooks.py, prefill_hooks.py) read, by
+# target, checked where the target's point is selected. Leading positional
+# names in order; "..." allows further parameters, and without it the
+# function takes exactly these; names after "*" must be accepted by keyword.
+SIGNATURES = {
+    "Scheduler.__init__": "self, server_args, ...",
+    "Scheduler.init_deterministic_inference_config": "self",
+    "Scheduler.check_truncation_align_fits_chunk": "self",
+    "PrefillAdder._select_prefill_admission": "self, req, ...",
+    "PrefillAdder.floor_chunked_tokens": "self, trunc_len, remaining",
+    "PrefillAdder.add_chunked_req": "self, req",
+    "PrefillAdder.add_one_req_ignore_eos": "self, req",
+    "PrefillAdder.add_one_req": "self, req, has_chunked_req, truncation_align_size",
+    "match_kv_cache": "req, tree_cache, ..., *, max_prefix_len",
+}
+
+
+class Wheel:
+    """One wheel's module sources, parsed on first use."""
+
+    def __init__(self, path):
+        self._archive = zipfile.ZipFile(path)  # open for the session: reading its index is the slow part
+        self._names = set(self._archive.namelist())
+        self._trees = {}
+
+    def source(self, module):
+        """The wheel member that holds dotted `module`, or None."""
+        base = module.replace(".", "/")
+        return next((p for p in (f"{base}.py", f"{base}/__init__.py") if p in self._names), None)
+
+    def bindings(self, module):
+        """Names bound at the top level of `module`, or None when the wheel lacks it."""
+        source = self.source(module)
+        if source is None:
+            return None
+        if source not in self._trees:
+            self._trees[source] = ast.parse(self._archive.read(source), source)
+        return _bindings(self._trees[source].body)
+
+    def imported(self, node):
+        """(source module, its bindings) for a one-name `from ... import`; relative ones stay unresolved."""
+        source = "." * node.level + (node.module or "")
+        return source, self.bindings(source)
+
+
+@functools.cache
+def release_wheel(release):
+    folder = Path(os.environ[WHEELS_ENV])
+    found = sorted(folder.glob(f"sglang-{release}-*.whl"))
+    if not found:
+        pytest.fail(
+            f"SGLang {release}: no sglang-{release}-*.whl in {folder} "
+            f"(pip download --no-deps sglang=={release} -d {folder})"
+        )
+    return Wheel(found[0])
+
+
+def _bindings(body):
+    """Name -> the statement that binds it last; an import maps to a one-name ImportFrom."""
+    bound = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound[node.name] = node
+        elif isinstance(node, ast.Assign):
+            bound.update((t.id, node) for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            bound[node.target.id] = node
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                bound[alias.asname or alias.name] = ast.ImportFrom(node.module, [alias], node.level)
+    return bound
+
+
+def point_problems(wheel, point):
+    """What patches._resolve would refuse for `point` in `wheel`, plus signature changes."""
+    *class_name, attribute = point.target.split(".")
+    bound = wheel.bindings(point.module)
+    if bound is None:
+        return [f"{point.name}: no module {point.module}"]
+    if class_name:
+        owner = bound.get(class_name[0])
+        if not isinstance(owner, ast.ClassDef):
+            return [f"{point.name}: no class {class_name[0]} in {point.module}"]
+        bound = _bindings(owner.body)
+    stock = bound.get(attribute)
+    if point.member is not _ABSENT:
+        return _member_problems(wheel, point, stock)
+    if point.declare is not _ABSENT:
+        return [f"{point.name}: already defined in SGLang, line {stock.lineno}"] if stock else []
+    return _wrapped_problems(wheel, point, stock, class_name)
+
+
+def _member_problems(wheel, point, stock):
+    if isinstance(stock, ast.ImportFrom):
+        _, bound = wheel.imported(stock)
+        stock = (bound or {}).get(stock.names[0].name)
+    if not isinstance(stock, (ast.Assign, ast.AnnAssign)) or not isinstance(stock.value, ast.List):
+        return [f"{point.name}: not a list assignment"]
+    if any(isinstance(e, ast.Constant) and e.value == point.member for e in stock.value.elts):
+        return [f"{point.name}: already holds {point.member!r}"]
+    return []
+
+
+def _wrapped_problems(wheel, point, stock, class_name):
+    if isinstance(stock, ast.ImportFrom) and not class_name:
+        source, bound = wheel.imported(stock)
+        stock = (bound or {}).get(stock.names[0].name)
+        where = f"{source} (imported into {point.module})"
+    else:
+        where = point.module
+    if not isinstance(stock, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [f"{point.name}: no def {point.target.split('.')[-1]} in {where}"]
+    expected = SIGNATURES.get(point.target)
+    if expected and not _signature_fits(stock.args, expected):
+        return [f"{point.name}: signature ({ast.unparse(stock.args)}) in {where}, expected ({expected})"]
+    return []
+
+
+def _signature_fits(args, expected):
+    head, _, keywords = (part.strip(", ") for part in expected.partition("*"))
+    leading = [p.strip() for p in head.split(",")]
+    positional = [a.arg for a in args.posonlyargs + args.args]
+    if leading[-1] == "...":
+        fits = positional[: len(leading) - 1] == leading[:-1]
+    else:
+        fits = positional == leading and not (args.vararg or args.kwonlyargs or args.kwarg)
+    by_keyword = {a.arg for a in args.args + args.kwonlyargs}
+    return fits and all(k.strip() in by_keyword for k in keywords.split(",") if k.strip())
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_release_point_fits_the_release(release):
+    points = [*release_points(Version(release)), FAILURE_GUARD]  # apply() installs the guard when it fails
+    problems = [p for point in points for p in point_problems(release_wheel(release), point)]
+    assert not problems, f"SGLang {release}:\n" + "\n".join(problems)
+
+
+def _wrong(target, module="sglang.srt.managers.scheduler", **kind):
+    return PatchPoint(module, target, SpecifierSet(">=0"), "deliberately wrong", **kind)
+
+
+@pytest.mark.parametrize(
+    "point, reported",
+    [
+        (_wrong("Scheduler.no_such_method", wrapper=print), "no def no_such_method"),
+        (_wrong("Scheduler.init_deterministic_inference_config", declare=None), "already defined"),
+        (_wrong("NoSuchClass.init_deterministic_inference_config", wrapper=print), "no class NoSuchClass"),
+        (_wrong("RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND", "sglang.srt.server_args", member="fa3"),
+         "already holds 'fa3'"),
+    ],
+)
+def test_checker_reports_a_wrong_point(point, reported):
+    (problem,) = point_problems(release_wheel("0.5.23"), point)
+    assert reported in problem
+
+
+@pytest.mark.parametrize(
+    "source, fits",
+    [
+        ("def f(self, trunc_len, remaining): ...", True),
+        ("def f(self, remaining, trunc_len): ...", False),
+        ("def f(self, trunc_len, remaining, extra=None): ...", False),
+    ],
+)
+def test_signature_check_is_exact_without_ellipsis(source, fits):
+    (function,) = ast.parse(source).body
+    assert _signature_fits(function.args, SIGNATURES["PrefillAdder.floor_chunked_tokens"]) is fits
