@@ -16,6 +16,8 @@ import pkgutil
 import sys
 from importlib import metadata
 
+from packaging.specifiers import SpecifierSet
+
 from . import patches
 from .planning import Rules, plan
 from .alignment import PREFILL_Q_TILE_TOKENS
@@ -89,6 +91,7 @@ def run_doctor():
         "versions": {d: _dist_version(d) for d in ("sglang-chunk-align", "sglang", "flashinfer-python", "torch", "wrapt")},
         "supported_sglang": str(SUPPORTED_SGLANG),
         "switches": {},
+        "grid_rules": None,
         "problems": [],
         "warnings": [],
         "patch_points": [],
@@ -120,6 +123,9 @@ def run_doctor():
         report["patch_points"].append(
             {"name": point.name, "versions": str(point.versions), "reason": point.reason, "status": status}
         )
+    if version:
+        grid_rules = SpecifierSet(patches.GRID_RULES_RELEASES).contains(version, prereleases=True)
+        report["grid_rules"] = "available" if grid_rules else f"not on SGLang {version} (needs {patches.GRID_RULES_RELEASES})"
     if applied:
         report["backends"] = declared_alignments()
         if report["backends"].get("FlashInferAttnBackend") != 128:
@@ -159,8 +165,11 @@ def format_doctor(report):
     lines += [f"  {name:<20} {version or 'not installed'}" for name, version in report["versions"].items()]
     lines.append(f"  supported SGLang     {report['supported_sglang']}")
     lines += [f"  {name}={value}" for name, value in report["switches"].items()]
+    lines.append(f"  grid rules           {report['grid_rules']}")
     lines.append("patch points:")
-    lines += [f"  [{p['status']}] {p['name']}  ({p['versions']}: {p['reason']})" for p in report["patch_points"]]
+    lines += [
+        f"  [{p['status']}] {p['name']}  ({p['versions'] or 'all releases'}: {p['reason']})" for p in report["patch_points"]
+    ]
     if report["backends"]:
         lines.append("prefill_chunk_align under deterministic inference (wrappers around flashinfer):")
         lines += [f"  {name:<40} {value}" for name, value in report["backends"].items()]

@@ -28,7 +28,9 @@ logger = logging.getLogger("sglang_chunk_align")
 _ATTN = "sglang.srt.layers.attention."
 _POLICY = "sglang.srt.managers.schedule_policy"
 _SCHEDULER = "sglang.srt.managers.scheduler"
-ALL_RELEASES = ">=0"  # every release compat.SUPPORTED_SGLANG admits
+ALL_RELEASES = ""  # every release compat.SUPPORTED_SGLANG admits
+# The first release with every admission path the grid rules patch (floor_chunked_tokens).
+GRID_RULES_RELEASES = ">=0.5.23"
 _ABSENT = object()
 
 
@@ -105,23 +107,23 @@ PATCH_POINTS = (
           "stock points users at the split-tile variable and accepts chunks off the q-tile grid", "==0.5.22"),
     _wrap(_SCHEDULER, "Scheduler.check_truncation_align_fits_chunk",
           scheduler_hooks.check_chunk_serves_alignment(rules_available=True),
-          "as on 0.5.22, and it activates the grid rules below", ">=0.5.23"),
-    # The grid rules: 0.5.23 is the first release with every admission path they need.
+          "as on 0.5.22, and it activates the grid rules below", GRID_RULES_RELEASES),
+    # The grid rules (planning.py), where SGLang has every admission path they need.
     _wrap("sglang.srt.managers.schedule_batch", "match_kv_cache", prefill_hooks.match_on_grid,
-          "a radix hit may end anywhere; Req.init_next_round_input calls this module binding", ">=0.5.23"),
+          "a radix hit may end anywhere; Req.init_next_round_input calls this module binding", GRID_RULES_RELEASES),
     _wrap(_POLICY, "PrefillAdder._select_prefill_admission", prefill_hooks.admit_on_grid,
-          "SGLang floors a new request's chunk length but leaves tails shorter than 65 tokens", ">=0.5.23"),
+          "SGLang floors a new request's chunk length but leaves tails shorter than 65 tokens", GRID_RULES_RELEASES),
     _wrap(_POLICY, "PrefillAdder.floor_chunked_tokens", prefill_hooks.cut_on_grid,
-          "continuation, memory-pressure and ignore_eos cuts are not aligned at all", ">=0.5.23"),
+          "continuation, memory-pressure and ignore_eos cuts are not aligned at all", GRID_RULES_RELEASES),
     _wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.park_without_grid_cut,
-          "a continuation whose budget holds no grid cut waits instead of leaving the grid", ">=0.5.23"),
+          "a continuation whose budget holds no grid cut waits instead of leaving the grid", GRID_RULES_RELEASES),
     _wrap(_POLICY, "PrefillAdder.add_one_req_ignore_eos", prefill_hooks.defer_without_grid_cut,
-          "an ignore_eos request whose budget holds no grid cut waits instead of leaving the grid", ">=0.5.23"),
+          "an ignore_eos request whose budget holds no grid cut waits instead of leaving the grid", GRID_RULES_RELEASES),
     _wrap(_POLICY, "PrefillAdder.add_one_req", prefill_hooks.keep_solo_tiles,
-          "fa2 picks one tile per batch; thin batches move members off their solo tile", ">=0.5.23"),
+          "fa2 picks one tile per batch; thin batches move members off their solo tile", GRID_RULES_RELEASES),
     _add_member("sglang.srt.arg_groups.choices", "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND",
                 "flashinfer", "stock turns the radix cache off under deterministic flashinfer",
-                RADIX_CACHE_ENV, ">=0.5.23"),
+                RADIX_CACHE_ENV, GRID_RULES_RELEASES),
 )
 
 # Installed only when apply() fails, so that a failure SGLang's plugin loader

@@ -132,8 +132,9 @@ def refuse_deterministic_flashinfer(error):
 
 
 def _is_deterministic_flashinfer(server_args):
-    backends = {
-        getattr(server_args, "attention_backend", None),
-        getattr(server_args, "prefill_attention_backend", None),
-    }
-    return getattr(server_args, "enable_deterministic_inference", False) and "flashinfer" in backends
+    """From the raw fields: an unset --attention-backend (chosen later, maybe flashinfer) counts."""
+    backend = getattr(server_args, "attention_backend", None)
+    prefill_backend = getattr(server_args, "prefill_attention_backend", None)
+    return getattr(server_args, "enable_deterministic_inference", False) and (
+        backend in ("flashinfer", None) or prefill_backend == "flashinfer"
+    )

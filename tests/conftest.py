@@ -1,20 +1,35 @@
-"""Shared helpers: real SGLang 0.5.23 objects, with stand-ins only where a GPU is needed.
+"""Shared helpers: real SGLang objects, with stand-ins only where a GPU is needed.
 
 A real FlashInferAttnBackend.__init__ allocates CUDA buffers and flashinfer
 wrappers, so `flashinfer_backend()` builds the instance without __init__ and
-sets the state that __init__ derives from the published server config. The
-scheduler is likewise built without __init__ (which loads a model), and its
-own alignment methods then run in their stock order.
+sets the state that __init__ derives from the server config. The scheduler is
+likewise built without __init__ (which loads a model), and its own alignment
+methods then run in their stock order.
+
+The suite runs against whichever supported release is installed (.ci/run
+runs it on 0.5.23 and 0.5.13); what a release lacks is skipped with a reason.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
+from packaging.version import Version
 
 import sglang_chunk_align
+from sglang_chunk_align.compat import installed_version
+
+SGLANG = installed_version()
+# The grid rules need admission paths that SGLang 0.5.23 first has (patches.py).
+needs_grid_rules = pytest.mark.skipif(
+    SGLANG < Version("0.5.23"), reason=f"the grid rules need SGLang 0.5.23 or newer, not {SGLANG}"
+)
+# Stock SGLang has refused chunks below the alignment at startup since 0.5.22.
+STOCK_STARTUP_CHECK = SGLANG >= Version("0.5.22")
+_published = []  # the server args of the innermost published() block
 
 # Nothing here may reach a model hub: SGLang's argument hooks look up model names.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,6 +41,13 @@ ALIGNMENT_STEPS = (
     "init_mamba_truncation_align",
     "check_truncation_align_fits_chunk",
 )
+
+
+def stock_alignment_steps():
+    """The alignment steps this release's Scheduler has (the later ones came in 0.5.20-0.5.23)."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    return [step for step in ALIGNMENT_STEPS if step in vars(Scheduler)]
 
 
 @pytest.fixture(autouse=True)
@@ -44,11 +66,10 @@ def plugin():
 def flashinfer_backend(cls=None, *, skip_prefill=False):
     """A FlashInferAttnBackend (or subclass) in the state its __init__ sets; call inside published()."""
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
-    from sglang.srt.runtime_context import get_exec
     from sglang.srt.utils import get_int_env_var
 
     backend = (cls or FlashInferAttnBackend).__new__(cls or FlashInferAttnBackend)
-    backend.enable_deterministic = get_exec().deterministic.enable_deterministic_inference
+    backend.enable_deterministic = _published[-1].enable_deterministic_inference
     backend.prefill_backend = "fa2"
     backend.skip_prefill = skip_prefill
     backend.prefill_split_tile_size = (
@@ -60,16 +81,27 @@ def flashinfer_backend(cls=None, *, skip_prefill=False):
     return backend
 
 
+@contextlib.contextmanager
 def published(deterministic=True, chunk=256, **fields):
-    """SGLang's own test helper: publish a real ServerArgs as the runtime config."""
-    from sglang.test.test_utils import published_topology
+    """A real ServerArgs, published as the runtime config where SGLang has one (0.5.17+)."""
+    fields = {
+        "enable_deterministic_inference": deterministic, "attention_backend": "flashinfer",
+        "chunked_prefill_size": chunk, **fields,
+    }
+    try:
+        from sglang.test.test_utils import published_topology  # SGLang's own test helper
+    except ImportError:
+        from sglang.srt.server_args import ServerArgs
 
-    return published_topology(
-        enable_deterministic_inference=deterministic,
-        attention_backend="flashinfer",
-        chunked_prefill_size=chunk,
-        **fields,
-    )
+        publishing = contextlib.nullcontext(ServerArgs(model_path="dummy", **fields))
+    else:
+        publishing = published_topology(**fields)
+    with publishing as server_args:
+        _published.append(server_args)
+        try:
+            yield server_args
+        finally:
+            _published.pop()
 
 
 def scheduler_alignment(make_backend=flashinfer_backend, deterministic=True, chunk=256, hf_config=None, tree_cache=None,
@@ -82,19 +114,18 @@ def scheduler_alignment(make_backend=flashinfer_backend, deterministic=True, chu
     import transformers
     from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.runtime_context import get_schedule
 
     with published(deterministic, chunk, **fields) as server_args:
         scheduler = Scheduler.__new__(Scheduler)
         scheduler.server_args = server_args
-        scheduler.chunked_prefill_size = get_schedule().chunked_prefill_size  # as init_chunked_prefill reads it
+        scheduler.chunked_prefill_size = server_args.chunked_prefill_size  # as init_chunked_prefill reads it
         # Stand-ins: a real ModelConfig needs model files, a real model runner a GPU.
         scheduler.model_config = SimpleNamespace(hf_config=hf_config or transformers.LlamaConfig())
         scheduler.tp_worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=make_backend()))
         scheduler.disaggregation_mode = DisaggregationMode.NULL
         scheduler.tree_cache = tree_cache
         vars(scheduler).update(scheduler_state or {})
-        for step in ALIGNMENT_STEPS:
+        for step in stock_alignment_steps():
             getattr(scheduler, step)()
         if scheduler_state is not None:
             scheduler_state.update(vars(scheduler))

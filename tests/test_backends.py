@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import flashinfer_backend, published
+from conftest import SGLANG, flashinfer_backend, published
 
 
 @pytest.fixture
@@ -21,9 +21,13 @@ def _bare(cls):
 
 
 def _class(module, name):
+    """The class from the installed SGLang; a test of a class this release lacks skips."""
     import importlib
 
-    return getattr(importlib.import_module("sglang.srt.layers.attention." + module), name)
+    try:
+        return getattr(importlib.import_module("sglang.srt.layers.attention." + module), name)
+    except (ImportError, AttributeError):
+        pytest.skip(f"SGLang {SGLANG} has no {module}.{name}")
 
 
 def test_base_backend_declares_none(deterministic):

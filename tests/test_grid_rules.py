@@ -14,7 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import needs_grid_rules
 from sglang_chunk_align.planning import Rules, tile_conflicts
+
+pytestmark = needs_grid_rules
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import replay_determinism as rd  # noqa: E402

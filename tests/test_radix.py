@@ -2,7 +2,9 @@
 
 import pytest
 
-from conftest import run_python, scheduler_alignment
+from conftest import needs_grid_rules, run_python, scheduler_alignment
+
+pytestmark = needs_grid_rules
 
 # SGLang's own deterministic-inference hook decides whether the radix cache stays on.
 RESOLVE = r'''
