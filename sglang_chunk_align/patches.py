@@ -7,8 +7,11 @@ Each installed point records what its owner's __dict__ held (never read
 through getattr, which would bind descriptors), so remove() restores stock
 exactly and apply() twice is a no-op.
 
-All points are class attributes, looked up at call time, so no stale
-`from x import f` binding escapes them.
+A point is a class attribute, looked up at call time; a list SGLang reads
+at call time; or, once, the module binding its caller uses:
+schedule_batch imports match_kv_cache with `from ... import`, so the point is
+schedule_batch's name, not mem_cache.common's. Opt-in points are selected
+only when their environment switch is 1.
 """
 
 import importlib
@@ -132,7 +135,7 @@ FAILURE_GUARD = _wrap(_SCHEDULER, "Scheduler.__init__", None,
                       "refuse deterministic flashinfer when the plugin could not apply")
 
 _lock = threading.Lock()
-_installed = {}  # point name -> (owner, attribute, what owner.__dict__ held)
+_installed = {}  # point name -> (point, owner, attribute, what owner.__dict__ held)
 
 
 def apply():
