@@ -213,7 +213,7 @@ def _resolve(point, version):
             owner = getattr(owner, class_name[0])
     except (ImportError, AttributeError) as error:
         raise ChunkAlignError(
-            f"SGLang {version}: patch point {point.name} is missing "
+            f"SGLang {version}: patch point {point.name} is missing or does not import "
             f"({type(error).__name__}: {error}); nothing was patched."
         ) from error
     stock = owner.__dict__.get(attribute, _ABSENT)
