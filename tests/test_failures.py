@@ -9,7 +9,7 @@ from packaging.version import Version
 
 from sglang_chunk_align import patches, plugin
 from sglang_chunk_align.compat import ChunkAlignError
-from conftest import SGLANG, published, run_python
+from conftest import SGLANG, published, run_python, sglang_at_least
 
 
 def _stock():
@@ -40,7 +40,7 @@ def test_newer_sglang_is_refused_without_the_override(sglang_version):
     assert _stock()
 
 
-@pytest.mark.skipif(SGLANG < Version("0.5.23"), reason="a pretended newer release needs the newest patch points")
+@pytest.mark.skipif(not sglang_at_least("0.5.23"), reason="a pretended newer release needs the newest patch points")
 def test_newer_sglang_with_the_override_warns_and_checks_every_point(sglang_version, monkeypatch, caplog):
     sglang_version("0.6.0")
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED", "1")
@@ -124,7 +124,7 @@ def test_doctor_reports_a_working_install():
     ]
     assert [p["status"] for p in report["patch_points"]] == expected
     assert "applied" in expected and "not for SGLang %s" % SGLANG in expected
-    rules_available = SGLANG >= Version("0.5.23")
+    rules_available = sglang_at_least("0.5.23")
     assert report["grid_rules"] == ("available" if rules_available else f"not on SGLang {SGLANG} (needs >=0.5.23)")
     assert report["backends"]["FlashInferAttnBackend"] == 128
     assert report["backends"]["FlashInferMLAAttnBackend"] is None

@@ -17,11 +17,10 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import replay_determinism as rd  # noqa: E402
 
-from conftest import SGLANG  # noqa: E402
-from packaging.version import Version  # noqa: E402
+from conftest import SGLANG, sglang_at_least  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    SGLANG < Version("0.5.23"), reason=f"the benchmark drives SGLang 0.5.23's scheduler objects, not {SGLANG}'s"
+    not sglang_at_least("0.5.23"), reason=f"the benchmark drives SGLang 0.5.23's scheduler objects, not {SGLANG}'s"
 )
 torch = pytest.importorskip("torch")
 
