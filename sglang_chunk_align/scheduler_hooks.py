@@ -61,7 +61,7 @@ def _check_chunk(scheduler, rules_available):
         declared,
         "on" if rules else "off" if rules_available else "not available on this SGLang release",
     )
-    _check_radix_cache(scheduler, rules)
+    _check_radix_cache(scheduler, q_tile, rules)
     prefill_hooks.activate(rules)
     if rules is not None:
         _keep_batches_on_solo_tiles(scheduler, rules)
@@ -74,15 +74,16 @@ def _check_chunk(scheduler, rules_available):
         raise ValueError(problem)
 
 
-def _check_radix_cache(scheduler, rules):
-    if not env_flag(RADIX_CACHE_ENV, False) or getattr(scheduler.tree_cache, "disable", True):
+def _check_radix_cache(scheduler, q_tile, rules):
+    """The radix opt-in matters under deterministic flashinfer, and only with the grid rules."""
+    if q_tile is None or not env_flag(RADIX_CACHE_ENV, False):
         return
     if rules is None:
         raise ValueError(
             f"{RADIX_CACHE_ENV}=1 needs the grid rules (SGLang 0.5.23 or newer, {RULES_ENV} not 0): "
             f"drop {RADIX_CACHE_ENV}, or turn the rules back on."
         )
-    if scheduler.tree_cache.supports_mamba():
+    if not getattr(scheduler.tree_cache, "disable", True) and scheduler.tree_cache.supports_mamba():
         raise ValueError(
             f"{RADIX_CACHE_ENV}=1 is not supported with a mamba prefix cache: a prefix rounded to "
             f"the grid would need a mamba state there. Drop {RADIX_CACHE_ENV} for this model."

@@ -132,3 +132,12 @@ def test_invalid_rules_switch_is_refused(plugin, monkeypatch):
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "off")
     with pytest.raises(ChunkAlignError, match="SGLANG_CHUNK_ALIGN_RULES='off' is not valid"):
         scheduler_alignment(chunk=256)
+
+
+def test_radix_opt_in_without_the_grid_rules_is_refused(plugin, monkeypatch):
+    """Turned off by SGLANG_CHUNK_ALIGN_RULES=0, or missing before SGLang 0.5.23: refused, never ignored."""
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RADIX_CACHE", "1")
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "0")
+    with pytest.raises(ValueError, match="SGLANG_CHUNK_ALIGN_RADIX_CACHE=1 needs the grid rules"):
+        scheduler_alignment(chunk=256)
+    assert scheduler_alignment(deterministic=False, chunk=256) is None  # the switch matters only there
