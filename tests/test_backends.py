@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import SGLANG, flashinfer_backend, published
+from conftest import SGLANG, flashinfer_backend, published, sglang_at_least
 
 
 @pytest.fixture
@@ -129,3 +129,18 @@ def test_kimi_linear_under_flashinfer_keeps_only_the_mamba_grid(deterministic):
     mla_cls = _class("flashinfer_mla_backend", "FlashInferMLAAttnBackend")
     kda_cls = _class("linear.kda_backend", "KDAAttnBackend")
     assert cls(_bare(mla_cls), kda_cls.__new__(kda_cls), [3]).prefill_chunk_align is None
+
+
+def test_deterministic_triton_keeps_its_stock_alignment_where_stock_had_one(deterministic, monkeypatch):
+    """Before 0.5.22 stock aligned deterministic triton to SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE."""
+    TritonAttnBackend = _class("triton_backend", "TritonAttnBackend")
+    triton = TritonAttnBackend.__new__(TritonAttnBackend)
+    triton.enable_deterministic = True
+    if sglang_at_least("0.5.22"):
+        assert triton.prefill_chunk_align is None
+    else:
+        assert triton.prefill_chunk_align == 4096
+        monkeypatch.setenv("SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE", "2048")
+        assert triton.prefill_chunk_align == 2048
+        triton.enable_deterministic = False
+        assert triton.prefill_chunk_align is None
