@@ -52,12 +52,6 @@ class Rules:
     group: int = 1  # GQA group: q heads per KV head
     head_dim: int = None  # None: unknown, no short-KV exemption
 
-    @classmethod
-    def for_group(cls, group, head_dim=None):
-        """The relaxed rules for a known GQA group: its q-tile grid is 128/group
-        tokens, and the tail needs more than 64 packed rows."""
-        return cls(grid=q_tile_grid(group), min_tail=64 // group + 1, group=group, head_dim=head_dim)
-
     @property
     def exempt_kv(self):
         """Members whose KV is at most this many tokens may run on any tile."""
