@@ -4,8 +4,8 @@ fa2 picks one CTA q-tile per batch from the integer average of the packed q
 lengths (tokens x GQA group): 128 rows above 64, 64 rows above 16, else 16.
 A request's chunked prefill is bit-exact against its solo unchunked prefill
 when every chunk starts on the q-tile grid and runs on the tile its solo
-prefill gets. Measured on an H200 with flashinfer 0.7.2 (issue 4, and
-../shared/evidence): three rules close the holes a length alignment leaves:
+prefill gets. Measured on an H200 with flashinfer 0.7.2 (tests/gpu/README.md,
+"Kernel facts"): three rules close the holes a length alignment leaves:
 
 - reuse a cached prefix only up to the grid, leaving at least `min_tail`
   tokens to compute (a 1-token extend over 2000 cached tokens gets a small tile);
