@@ -1,6 +1,6 @@
 """The grid rules inside SGLang's real PrefillAdder, over random workloads.
 
-benchmarks/replay_determinism.py drives SGLang 0.5.23's own scheduling
+benchmarks/scheduling.py drives SGLang's own scheduling
 objects step by step (PrefillAdder, Req, the radix cache, the KV allocator);
 these tests run it with the plugin on random prompts, shared prefixes,
 arrival orders, chunk sizes and KV budgets, and check every prefill batch.
@@ -8,19 +8,15 @@ arrival orders, chunk sizes and KV budgets, and check every prefill batch.
 
 import os
 import random
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import needs_grid_rules
+from benchmarks import scheduling, workload
 from sglang_chunk_align.planning import Rules, tile_conflicts
 
-pytestmark = needs_grid_rules
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import replay_determinism as rd  # noqa: E402
+pytestmark = pytest.mark.needs_grid_rules
 
 RULES = Rules()
 
@@ -31,19 +27,19 @@ def run_schedule(prompts, chunk, kv_tokens, radix, rules=True):
     requests, arrivals = [], []
     for rid, (prompt_len, shared_len, arrival) in enumerate(prompts):
         shared_len = min(shared_len, prompt_len - 1)
-        request = rd.RequestSpec(rid, arrival, prompt_len, 0 if shared_len else -1, shared_len, 2)
+        request = workload.RequestSpec(rid, arrival, prompt_len, 0 if shared_len else -1, shared_len, 2)
         own = random.Random(rid).choices(range(1000, 90_000), k=prompt_len - shared_len - 1)
-        arrivals.append((request, base[:shared_len] + [rd.MARKER_BASE + rid] + own))
+        arrivals.append((request, base[:shared_len] + [workload.MARKER_BASE + rid] + own))
         requests.append(request)
-    spec = rd.WorkloadSpec(
+    spec = workload.WorkloadSpec(
         n_requests=len(prompts), max_prompt=max(p[0] for p in prompts), n_prefix_groups=1,
         shared_fraction=0.5, max_output=2, n_waves=1, wave_gap_steps=1, kv_tokens=kv_tokens,
         max_running_requests=16,
     )
-    cfg = rd.SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True, rules=rules)
-    with rd.sglang_config(cfg, radix) as server_args:
-        align = rd.truncation_align_size(server_args, cfg)
-        return requests, rd.SchedulerDriver(spec, cfg, radix, align).run(arrivals)
+    cfg = workload.SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True, rules=rules)
+    with scheduling.sglang_config(cfg, radix) as server_args:
+        align = scheduling.truncation_align_size(server_args)
+        return requests, scheduling.SchedulerDriver(spec, cfg, radix, align).run(arrivals)
 
 
 def assert_every_batch_is_exact(requests, result, chunk):

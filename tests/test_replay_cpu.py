@@ -1,4 +1,4 @@
-"""CPU checks of benchmarks/replay_determinism.py on the small CI workload.
+"""CPU checks of the replay benchmark (benchmarks/) on the small CI workload.
 
 The schedules come from SGLang's real PrefillAdder; the replay runs on CPU
 with stand-in kernels: one that is exact by construction, and one that
@@ -8,39 +8,38 @@ must equal the predictions row for row.
 
 import json
 import os
-import sys
+from dataclasses import asdict
 
 import pytest
 
+from benchmarks import analysis, replay_determinism, scheduling, workload
+from sglang_chunk_align import releases
+from sglang_chunk_align.compat import installed_version, sglang_at_least
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-import replay_determinism as rd  # noqa: E402
-
-from conftest import SGLANG, sglang_at_least  # noqa: E402
-
 pytestmark = pytest.mark.skipif(
-    not sglang_at_least("0.5.23"), reason=f"the benchmark drives SGLang 0.5.23's scheduler objects, not {SGLANG}'s"
+    not sglang_at_least(releases.NEWEST),
+    reason=f"the benchmark drives SGLang {releases.NEWEST}'s scheduler objects, not {installed_version()}'s",
 )
 torch = pytest.importorskip("torch")
 
-TINY_SHAPES = (rd.ModelShape("g4-d8", 8, 2, 8), rd.ModelShape("g2-d256", 4, 2, 256))
+TINY_SHAPES = (workload.ModelShape("g4-d8", 8, 2, 8), workload.ModelShape("g2-d256", 4, 2, 256))
 
 
-STOCK_CONFIGS = [c for c in rd.CONFIGS if not c.plugin]
-PLUGIN_CONFIGS = [c for c in rd.CONFIGS if c.plugin]
+STOCK_CONFIGS = [c for c in workload.CONFIGS if not c.plugin]
+PLUGIN_CONFIGS = [c for c in workload.CONFIGS if c.plugin]
 
 
 @pytest.fixture(scope="module")
 def doc():
     """Stock SGLang's schedules (deterministic and not): these test the benchmark itself."""
-    return rd.schedule_workload(rd.SMALL_WORKLOAD, STOCK_CONFIGS)
+    return scheduling.schedule_workload(workload.SMALL_WORKLOAD, STOCK_CONFIGS)
 
 
 @pytest.fixture(scope="module")
 def plugin_doc():
     """The plugin's schedules: these test what the plugin makes SGLang do."""
-    return rd.schedule_workload(rd.SMALL_WORKLOAD, PLUGIN_CONFIGS)
+    return scheduling.schedule_workload(workload.SMALL_WORKLOAD, PLUGIN_CONFIGS)
 
 
 def by_name(doc, config, radix):
@@ -49,21 +48,21 @@ def by_name(doc, config, radix):
 
 
 def test_workload_is_fixed():
-    first, groups = rd.make_workload(rd.FULL_WORKLOAD)
-    assert (first, groups) == rd.make_workload(rd.FULL_WORKLOAD)
+    first, groups = workload.make_workload(workload.FULL_WORKLOAD)
+    assert (first, groups) == workload.make_workload(workload.FULL_WORKLOAD)
     assert len(first) >= 200
     assert {r.prompt_len for r in first} <= set(range(1, 8193))
-    assert any(r.shared_len for r in first) and len({r.arrival_step for r in first}) == rd.FULL_WORKLOAD.n_waves
-    assert rd.make_workload(rd.FULL_WORKLOAD, seed=1) != (first, groups)
+    assert any(r.shared_len for r in first) and len({r.arrival_step for r in first}) == workload.FULL_WORKLOAD.n_waves
+    assert workload.make_workload(workload.FULL_WORKLOAD, seed=1) != (first, groups)
 
 
 def test_committed_schedules_match_the_generator():
     with open(os.path.join(ROOT, "benchmarks", "schedules.json")) as f:
         committed = json.load(f)
-    requests, group_lens = rd.make_workload(rd.FULL_WORKLOAD)
-    assert committed["requests"] == [rd.asdict(r) for r in requests]
+    requests, group_lens = workload.make_workload(workload.FULL_WORKLOAD)
+    assert committed["requests"] == [asdict(r) for r in requests]
     assert committed["group_lens"] == group_lens
-    assert committed["meta"]["seed"] == rd.WORKLOAD_SEED
+    assert committed["meta"]["seed"] == workload.WORKLOAD_SEED
 
 
 def test_alignment_comes_from_the_scheduler(doc):
@@ -73,9 +72,9 @@ def test_alignment_comes_from_the_scheduler(doc):
 
 def assert_whole_prompts_in_order(doc):
     """Every request prefills [0, prompt) exactly once, in order, within the chunk budget."""
-    requests = rd.load_requests(doc)
+    requests = scheduling.load_requests(doc)
     for schedule in doc["schedules"]:
-        donors = rd.donor_runs(schedule)
+        donors = scheduling.donor_runs(schedule)
         position = {rid: sum(b - a for _, a, b in donors.get(rid, [])) for rid in requests}
         for step in schedule["steps"]:
             assert sum(e - s for _, s, e in step) <= schedule["chunk"]  # the chunk budget binds
@@ -98,25 +97,25 @@ def test_radix_off_keeps_aligned_configs_on_the_grid(doc):
 
 
 def test_radix_hits_land_off_the_grid(doc):
-    requests = rd.load_requests(doc)
+    requests = scheduling.load_requests(doc)
     schedule = by_name(doc, "stock-4096", radix=True)
-    assert rd.schedule_stats(schedule, requests)["starts_off_128"] > 0
-    hazards = rd.predict_hazards(schedule, requests, rd.SHAPES[0])
+    assert analysis.schedule_stats(schedule, requests)["starts_off_128"] > 0
+    hazards = analysis.predict_hazards(schedule, requests, workload.SHAPES[0])
     assert any("off-grid" in h for h in hazards.values())
     assert any("donor" in h for h in hazards.values())
 
 
 def test_length_alignment_predicts_tile_hazards_solo_would_not_have(doc):
-    requests = rd.load_requests(doc)
+    requests = scheduling.load_requests(doc)
     schedule = by_name(doc, "stock-split-128", radix=True)
-    hazards = rd.predict_hazards(schedule, requests, rd.SHAPES[0])
+    hazards = analysis.predict_hazards(schedule, requests, workload.SHAPES[0])
     tiled = [rid for rid, h in hazards.items() if "tile" in h]
     assert tiled
     # Alone and unchunked, each of these requests would be one batch with its solo tile.
     solo = {"steps": [[(rid, 0, requests[rid].prompt_len)] for rid in tiled],
             "donors": {}, "fixed_split": schedule["fixed_split"]}
-    assert not any(rd.predict_hazards(solo, requests, rd.SHAPES[0]).values())
-    assert rd.predict_hazards(by_name(doc, "nondeterministic", True), requests, rd.SHAPES[0]) is None
+    assert not any(analysis.predict_hazards(solo, requests, workload.SHAPES[0]).values())
+    assert analysis.predict_hazards(by_name(doc, "nondeterministic", True), requests, workload.SHAPES[0]) is None
 
 
 def test_plugin_schedules_finish_every_prompt_on_the_grid(plugin_doc):
@@ -129,7 +128,7 @@ def test_plugin_schedules_finish_every_prompt_on_the_grid(plugin_doc):
 
 def test_schedule_command_prints_the_report(capsys, tmp_path):
     out = tmp_path / "small.json"
-    assert rd.main(["schedule", "--small", "--configs", "stock-4096", "--out", str(out)]) == 0
+    assert replay_determinism.main(["schedule", "--small", "--configs", "stock-4096", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| on | stock-4096 |" in printed and "predicted exact % g4-d128" in printed
     assert [s["config"] for s in json.loads(out.read_text())["schedules"]] == ["stock-4096"] * 2
@@ -172,15 +171,15 @@ class TileRuleKernel(ExactKernel):
         qo_lens = (qo_indptr[1:] - qo_indptr[:-1]).long()
         kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).long()
         g = self.shape.group
-        tile = rd.cta_tile_q(int(qo_lens.sum()) * g // len(qo_lens), self.shape.head_dim)
+        tile = analysis.cta_tile_q(int(qo_lens.sum()) * g // len(qo_lens), self.shape.head_dim)
         start = kv_lens - qo_lens
         skew = (tile / 64 + 4 * ((start * g) % tile != 0).float())[batch]
-        skew = torch.where(position < rd.SHORT_KV_TOKENS, 0.0, skew)  # rows with a short causal KV
+        skew = torch.where(position < analysis.SHORT_KV_TOKENS, 0.0, skew)  # rows with a short causal KV
         return out + skew[:, None, None].to(out.dtype)
 
 
 def test_replay_plumbing_is_exact_with_an_exact_kernel(doc):
-    rows = rd.replay(doc, TINY_SHAPES[:1], device="cpu", make_kernel=ExactKernel)
+    rows = replay_determinism.replay(doc, TINY_SHAPES[:1], device="cpu", make_kernel=ExactKernel)
     assert len(rows) == len(doc["schedules"])
     for row in rows:
         assert row["exact_pct"] == 100.0 and row["rows_mismatched"] == 0, row
@@ -188,7 +187,7 @@ def test_replay_plumbing_is_exact_with_an_exact_kernel(doc):
 
 
 def test_replay_measures_what_the_tile_rule_predicts(doc):
-    rows = rd.replay(doc, TINY_SHAPES, device="cpu", make_kernel=TileRuleKernel)
+    rows = replay_determinism.replay(doc, TINY_SHAPES, device="cpu", make_kernel=TileRuleKernel)
     checked = [r for r in rows if r["prediction_check"] is not None]
     assert len(checked) == 2 * 2 * len(TINY_SHAPES)  # stock-4096 and stock-split-128, radix off and on
     for row in checked:

@@ -1,0 +1,359 @@
+"""Phase 1 of the replay benchmark: schedule a workload with SGLang's real PrefillAdder (CPU).
+
+The workload is scheduled by SGLang's own PrefillAdder, UnifiedRadixCache
+(the tree of the installed release, disabled for radix off), token/request
+pools, ScheduleBatch and SchedulePolicy, driven step by step the way
+Scheduler.get_next_batch_to_run drives them. Stand-ins replace only what needs
+a GPU or a model: the model runner (no forward pass: each step samples a
+fixed token), ModelConfig, and the backend and Scheduler whose alignment
+steps run (sglang_chunk_align.standins). Every prefill step's batch is
+recorded as (request, start, end) extends, and radix hits are followed to the
+request that computed the reused KV (the "donor").
+"""
+
+import os
+import subprocess
+from contextlib import contextmanager
+from dataclasses import asdict
+from types import SimpleNamespace
+
+from sglang_chunk_align import standins
+
+from .workload import (
+    CONFIGS, OUTPUT_BASE, VOCAB_SIZE, WORKLOAD_SEED, RequestSpec, SchedulingConfig, WorkloadSpec,
+    group_token_lists, make_workload, prompt_tokens,
+)
+
+
+@contextmanager
+def sglang_config(cfg: SchedulingConfig, radix: bool):
+    """Publish real ServerArgs for `cfg`, with its env var and the plugin, and undo all of it."""
+    env = {
+        "SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE": cfg.split_tile_env,
+        "SGLANG_CHUNK_ALIGN_RULES": None if cfg.rules else 0,
+    }
+    saved_env = {name: os.environ.get(name) for name in env}
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(value)
+    plugin = None
+    if cfg.plugin:
+        import sglang_chunk_align as plugin
+
+        plugin.apply()
+    try:
+        with standins.published(cfg.deterministic, cfg.chunk, disable_radix_cache=not radix) as server_args:
+            yield server_args
+    finally:
+        if plugin is not None:
+            plugin.remove()
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def truncation_align_size(server_args):
+    """Run the Scheduler's own alignment steps (patched by the plugin when applied) on stand-ins."""
+    return standins.run_alignment_steps(standins.scheduler(server_args, standins.flashinfer_backend()))
+
+
+class SchedulerDriver:
+    """SGLang's scheduling loop, step by step, over real SGLang objects.
+
+    Mirrors Scheduler.get_next_batch_to_run / _get_new_batch_prefill_raw /
+    update_running_batch and the batch-result processors, without overlap,
+    mixed chunks, priorities or LoRA (all off by default). Decode runs when
+    no prefill batch forms, as in SGLang; a decode step only grows KV.
+    """
+
+    def __init__(self, spec: WorkloadSpec, cfg: SchedulingConfig, radix: bool, align):
+        import torch
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.managers.schedule_policy import SchedulePolicy
+        from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+        from sglang.srt.runtime_context import get_schedule
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        self.cfg, self.align = cfg, align
+        self.chunk = get_schedule().chunked_prefill_size
+        self.max_prefill_tokens = get_schedule().max_prefill_tokens
+        self.max_running = spec.max_running_requests
+        # KV holds one 1x1 head: the scheduler reads indices, never values.
+        kv = MHATokenToKVPool(spec.kv_tokens, 1, torch.bfloat16, 1, 1, 1, "cpu", False)
+        self.allocator = TokenToKVPoolAllocator(spec.kv_tokens, torch.bfloat16, "cpu", kv, need_sort=False)
+        self.req_pool = ReqToTokenPool(spec.max_running_requests, spec.max_prompt + spec.max_output + 8, "cpu", False)
+        self.tree = UnifiedRadixCache(CacheInitParams(
+            disable=not radix,
+            req_to_token_pool=self.req_pool,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=1,
+            chunked_prefill_size=self.chunk,
+            tree_components=(ComponentType.FULL,),
+        ))
+        self.policy = SchedulePolicy(get_schedule().schedule_policy, self.tree, False, False, False)
+        self.ratio = NewTokenRatioTracker.from_config()
+        # Stand-in for ModelConfig (needs model files): the batch reads these two fields.
+        self.model_config = SimpleNamespace(vocab_size=VOCAB_SIZE, is_encoder_decoder=False)
+        self.new_batch = lambda reqs, chunked=None: ScheduleBatch.init_new(
+            reqs, self.req_pool, self.allocator, self.tree, self.model_config, False,
+            SpeculativeAlgorithm.NONE, chunked_req=chunked,
+        )
+        self.running = self.new_batch([])
+        self.waiting, self.chunked_req, self.last_prefill = [], None, None
+        # Which request computed the KV in each slot, and at which position.
+        self.slot_rid = torch.full((spec.kv_tokens + 1,), -1, dtype=torch.int64)
+        self.slot_pos = torch.full((spec.kv_tokens + 1,), -1, dtype=torch.int64)
+        self.steps, self.donors = [], {}
+        self.extended_to = {}  # rid -> end of its last extend while it holds its KV row
+        self.stats = dict(prefill_steps=0, decode_steps=0, retracted=0, aborted=[], radix_hit_tokens=0)
+
+    def make_req(self, request: RequestSpec, tokens):
+        from array import array
+
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        params = SamplingParams(max_new_tokens=request.output_len)
+        params.normalize(None)
+        req = Req(str(request.rid), "", array("q", tokens), params, vocab_size=VOCAB_SIZE)
+        req.spec = request
+        return req
+
+    def run(self, arrivals):
+        pending = sorted(arrivals, key=lambda pair: pair[0].arrival_step)
+        step = 0
+        while True:
+            while pending and pending[0][0].arrival_step <= step:
+                request, tokens = pending.pop(0)
+                self.waiting.append(self.make_req(request, tokens))
+            self.merge_last_prefill()
+            batch = self.get_new_batch_prefill()
+            if batch is not None:
+                self.run_prefill(batch)
+            elif not self.running.is_empty():
+                self.run_decode()
+            elif pending:
+                step = pending[0][0].arrival_step
+                continue
+            elif self.waiting or self.chunked_req:
+                raise RuntimeError(f"{self.cfg.name}: no progress with {len(self.waiting)} waiting")
+            else:
+                break
+            step += 1
+        return dict(steps=self.steps, donors=self.donors, **self.stats)
+
+    def merge_last_prefill(self):
+        """get_next_batch_to_run's head: stash the chunked request, merge the last prefill."""
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+        chunked = self.chunked_req
+        if chunked is not None and chunked.extend_end > chunked.prefix_len:
+            checkpoint_kv_cache(chunked, self.tree)
+        last, self.last_prefill = self.last_prefill, None
+        if last is not None:
+            size = last.batch_size()
+            last.filter_batch(reqs_to_exclude=[chunked] if chunked is not None else [])
+            if last.batch_size() < size:
+                self.running.batch_is_full = False
+            if not last.is_empty():
+                if self.running.is_empty():
+                    self.running = last
+                else:
+                    self.running.merge_batch(last)
+        size = self.running.batch_size()
+        self.running.filter_batch()
+        if self.running.batch_size() < size:
+            self.running.batch_is_full = False
+
+    def allocatable(self, num_held_rows=0):
+        """Scheduler.get_num_allocatable_reqs for pp_size 1 and no beams."""
+        return min(self.max_running - self.running.batch_size(), self.req_pool.available_size() + num_held_rows)
+
+    def get_new_batch_prefill(self):
+        """Scheduler._get_new_batch_prefill_raw, for this driver's feature set."""
+        from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+
+        running = self.running
+        if running.is_empty():
+            running.batch_is_full = False
+        if (running.batch_is_full or not self.waiting) and self.chunked_req is None:
+            return None
+        if self.allocatable() <= 0 and self.chunked_req is None:
+            running.batch_is_full = True
+            return None
+        self.policy.calc_priority(self.waiting, running)
+        adder = PrefillAdder(
+            1, self.tree, self.allocator, running, self.ratio.current, self.max_prefill_tokens,
+            self.chunk, 0, 0, max_prefill_bs=0, max_running_requests=self.max_running,
+            waiting_queue_len=len(self.waiting),
+        )
+        if self.chunked_req is not None:
+            self.chunked_req.init_next_round_input()
+            adder.chunked_req_limit = self.policy.shortest_prefill_chunk_limit(
+                self.chunked_req, self.waiting, adder.rem_chunk_tokens or 0, 1
+            )
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        for req in self.waiting:
+            if adder.budget_state() == AddReqResult.OTHER:
+                break
+            held = sum(r.kv.holds_kv for r in adder.can_run_list)
+            if len(adder.can_run_list) >= self.allocatable(held):
+                running.batch_is_full = True
+            if running.batch_is_full:
+                break
+            req.init_next_round_input(self.tree)
+            result = adder.add_one_req(
+                req, has_chunked_req=self.chunked_req is not None, truncation_align_size=self.align
+            )
+            if result != AddReqResult.CONTINUE:
+                if result == AddReqResult.NO_TOKEN:
+                    running.batch_is_full = bool(adder.can_run_list) or not running.is_empty()
+                break
+        can_run = adder.can_run_list
+        if not can_run:
+            return None
+        self.waiting = [r for r in self.waiting if r not in set(can_run)]
+        if adder.new_chunked_req is not None:
+            assert self.chunked_req is None
+            self.chunked_req = adder.new_chunked_req
+        cut_short = [r.rid for r in can_run
+                     if r is not self.chunked_req and r.extend_end < len(r.full_untruncated_fill_ids)]
+        if cut_short:
+            raise RuntimeError(
+                f"{self.cfg.name}: PrefillAdder cut requests {cut_short} short without making them "
+                f"the chunked request, so SGLang would treat their partial prefill as finished"
+            )
+        if self.chunked_req is not None:
+            self.chunked_req.inflight_middle_chunks += 1
+        batch = self.new_batch(can_run, self.chunked_req)
+        batch.prepare_for_extend()
+        return batch
+
+    def run_prefill(self, batch):
+        """Record the batch, then Scheduler.process_batch_result_prefill with a stand-in sample."""
+        import torch
+
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
+
+        entries = []
+        for req in batch.reqs:
+            rid = req.spec.rid
+            row = self.req_pool.req_to_token[req.kv.req_pool_idx]
+            start, end = req.prefix_len, req.extend_end
+            if start > 0 and self.extended_to.get(rid) != start:  # not a continuation: a radix hit
+                self.record_donors(rid, row[:start].long())
+            self.extended_to[rid] = end
+            slots = row[start:end].long()
+            self.slot_rid[slots] = rid
+            self.slot_pos[slots] = torch.arange(start, end)
+            entries.append((rid, start, end))
+        self.steps.append(entries)
+        self.stats["prefill_steps"] += 1
+        for req in batch.reqs:
+            if req.inflight_middle_chunks > 0:
+                req.inflight_middle_chunks -= 1  # a middle chunk: no output yet
+                continue
+            req.output_ids.append(OUTPUT_BASE + req.spec.rid)
+            req.update_finish_state()
+            if req.finished():
+                release_kv_cache(req, self.tree, checkpoint=True)
+            else:
+                checkpoint_kv_cache(req, self.tree)
+        self.last_prefill = batch
+
+    def record_donors(self, rid, slots):
+        """Runs of (donor rid, start, end): who computed each cached position this request reuses."""
+        import torch
+
+        owners, positions = self.slot_rid[slots], self.slot_pos[slots]
+        if not torch.equal(positions, torch.arange(len(slots))) or bool((owners < 0).any()):
+            raise RuntimeError(f"request {rid}: radix hit does not map to computed positions")
+        runs, start = [], 0
+        for pos in range(1, len(owners) + 1):
+            if pos == len(owners) or owners[pos] != owners[start]:
+                runs.append((int(owners[start]), start, pos))
+                start = pos
+        self.donors.setdefault(rid, []).extend(runs)
+        self.stats["radix_hit_tokens"] += len(owners)
+
+    def run_decode(self):
+        """Scheduler.update_running_batch plus process_batch_result_decode."""
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        running = self.running
+        if not running.check_decode_mem():
+            retracted, self.ratio.current, aborted = running.retract_decode()
+            self.stats["retracted"] += len(retracted)
+            for req in retracted:
+                self.extended_to.pop(req.spec.rid)
+            self.stats["aborted"].extend(r.spec.rid for r in aborted)
+            self.waiting.extend(retracted)
+            running.batch_is_full = False
+            if running.is_empty():
+                return
+        else:
+            self.ratio.decay_step()
+        running.prepare_for_decode()
+        self.stats["decode_steps"] += 1
+        for req, slot in zip(running.reqs, running.out_cache_loc.tolist()):
+            self.slot_rid[slot] = req.spec.rid
+            self.slot_pos[slot] = req.kv.kv_allocated_len - 1
+            req.output_ids.append(OUTPUT_BASE + req.spec.rid)
+            req.update_finish_state()
+            if req.finished():
+                release_kv_cache(req, self.tree, checkpoint=True)
+
+
+def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, True)):
+    """Schedule the workload under every configuration; the schedule document."""
+    from importlib import metadata
+
+    requests, group_lens = make_workload(spec)
+    groups = group_token_lists(group_lens)
+    arrivals = [(request, prompt_tokens(request, groups)) for request in requests]
+    schedules = []
+    for radix in radix_modes:
+        for cfg in configs:
+            with sglang_config(cfg, radix) as server_args:
+                align = truncation_align_size(server_args)
+                result = SchedulerDriver(spec, cfg, radix, align).run(arrivals)
+            schedules.append(dict(
+                config=cfg.name, radix=radix, chunk=cfg.chunk, fixed_split=cfg.fixed_split,
+                truncation_align_size=align, plugin=cfg.plugin, **result,
+            ))
+    return dict(
+        meta=dict(sglang=metadata.version("sglang"), seed=WORKLOAD_SEED, workload=asdict(spec),
+                  checkout=checkout_state()),
+        requests=[asdict(request) for request in requests],
+        group_lens=group_lens,
+        schedules=schedules,
+    )
+
+
+def checkout_state():
+    """The commit the plugin rows were scheduled with, and whether its package had local edits."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args):
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True).stdout.strip()
+
+    return dict(commit=git("rev-parse", "HEAD") or None,
+                plugin_modified=bool(git("status", "--porcelain", "sglang_chunk_align")))
+
+
+def load_requests(doc):
+    return {r["rid"]: RequestSpec(**r) for r in doc["requests"]}
+
+
+def donor_runs(schedule):
+    """rid -> [(donor rid, start, end)]; JSON turns the rid keys into strings."""
+    return {int(rid): [tuple(run) for run in runs] for rid, runs in schedule["donors"].items()}
