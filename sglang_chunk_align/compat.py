@@ -10,8 +10,9 @@ from importlib import metadata
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-# Releases whose patch points were read and tested (README, "Supported versions").
-SUPPORTED_SGLANG = SpecifierSet(">=0.5.12,<0.5.24")
+from . import releases
+
+SUPPORTED_SGLANG = SpecifierSet(releases.SUPPORTED)
 # Set to 1 to try an untested newer release: every patch point is still checked.
 ALLOW_UNTESTED_ENV = "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED"
 # Set to 0 to keep only the 128-token length alignment (planning.py's rules off).
@@ -30,6 +31,12 @@ def installed_version(dist="sglang"):
         return Version(metadata.version(dist))
     except metadata.PackageNotFoundError:
         return None
+
+
+def sglang_at_least(release):
+    """Whether the installed SGLang is `release` (a releases.py name) or newer."""
+    version = installed_version()
+    return version is not None and version >= Version(release)
 
 
 def env_flag(name, default):

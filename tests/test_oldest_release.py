@@ -12,11 +12,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SGLANG, sglang_at_least
+
+from sglang_chunk_align import releases
+from sglang_chunk_align.compat import installed_version, sglang_at_least
 
 pytestmark = pytest.mark.skipif(
-    SGLANG is None or sglang_at_least("0.5.13"),
-    reason=f"only for SGLang 0.5.12, whose scheduler needs a GPU to import; this is {SGLANG}",
+    installed_version() is None or sglang_at_least(releases.OLDEST_CPU_SCHEDULER),
+    reason=f"only for SGLang {releases.OLDEST}, whose scheduler needs a GPU to import; this is {installed_version()}",
 )
 
 
@@ -31,5 +33,5 @@ def test_doctor_names_the_scheduler_import_failure():
     )
     assert result.returncode == 1
     (problem,) = json.loads(result.stdout)["problems"]
-    assert problem.startswith("SGLang 0.5.12: patch point sglang.srt.managers.scheduler.")
+    assert problem.startswith(f"SGLang {releases.OLDEST}: patch point sglang.srt.managers.scheduler.")
     assert "libcuda" in problem and "nothing was patched" in problem

@@ -25,6 +25,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from sglang_chunk_align.patches import _ABSENT, FAILURE_GUARD, PatchPoint, release_points
+from sglang_chunk_align.releases import NEWEST, RELEASES
 
 WHEELS_ENV = "SGLANG_RELEASE_WHEELS"
 if not os.environ.get(WHEELS_ENV):
@@ -32,12 +33,6 @@ if not os.environ.get(WHEELS_ENV):
         f"set {WHEELS_ENV} to a folder of sglang wheels (pip download --no-deps sglang==X); .ci/run does",
         allow_module_level=True,
     )
-
-# Every SGLang release that has the plugin system.
-RELEASES = (
-    "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
-    "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
-)
 
 # The parameters the wrappers (scheduler_hooks.py, prefill_hooks.py) read, by
 # target, checked where the target's point is selected. Leading positional
@@ -191,7 +186,7 @@ def _wrong(target, module="sglang.srt.managers.scheduler", **kind):
     ],
 )
 def test_checker_reports_a_wrong_point(point, reported):
-    (problem,) = point_problems(release_wheel("0.5.23"), point)
+    (problem,) = point_problems(release_wheel(NEWEST), point)
     assert reported in problem
 
 

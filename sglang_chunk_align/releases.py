@@ -1,0 +1,29 @@
+"""SGLang release facts, declared once: the supported range, the release gates, and the
+releases CI installs.
+
+Plain data without imports, so `.ci/run` reads it before anything is installed
+(`runpy.run_path`). compat.py, the patch table and the tests take every version
+from here.
+"""
+
+# Every release with the plugin system; test_release_wheels.py reads each one's wheel.
+RELEASES = (
+    "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
+    "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)
+# Releases whose patch points were read and tested (README, "Supported versions").
+SUPPORTED = ">=0.5.12,<0.5.24"
+
+# First release where stock SGLang refuses a chunk below the alignment at startup
+# (check_truncation_align_fits_chunk) and no longer aligns deterministic triton.
+STOCK_STARTUP_CHECK = "0.5.22"
+# First release with every admission path the grid rules patch (PrefillAdder.floor_chunked_tokens).
+GRID_RULES = "0.5.23"
+
+# What CI installs: the newest release runs the whole suite; OLDEST_CPU_SCHEDULER is the
+# oldest release whose scheduler imports without a GPU (the whole suite, as far as that
+# release goes); OLDEST is the oldest supported release, whose scheduler needs libcuda, so
+# CI runs only tests/test_oldest_release.py there.
+NEWEST = "0.5.23"
+OLDEST_CPU_SCHEDULER = "0.5.13"
+OLDEST = "0.5.12"
