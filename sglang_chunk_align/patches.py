@@ -12,6 +12,11 @@ at call time; or, once, the module binding its caller uses:
 schedule_batch imports match_kv_cache with `from ... import`, so the point is
 schedule_batch's name, not mem_cache.common's. Opt-in points are selected
 only when their environment switch is 1.
+
+The table checks itself: a point has exactly one kind, no two points a
+release selects share a target (their version ranges would overlap, and the
+second wrapper would hide the first from remove()), and an install that fails
+partway is rolled back before the error is raised.
 """
 
 import importlib
@@ -23,7 +28,7 @@ from typing import Callable
 import wrapt
 from packaging.specifiers import SpecifierSet
 
-from . import backends, prefill_hooks, scheduler_hooks
+from . import backends, prefill_hooks, releases, scheduler_hooks
 from .compat import RADIX_CACHE_ENV, ChunkAlignError, check_sglang_version, env_flag, installed_version
 
 logger = logging.getLogger("sglang_chunk_align")
@@ -32,8 +37,8 @@ _ATTN = "sglang.srt.layers.attention."
 _POLICY = "sglang.srt.managers.schedule_policy"
 _SCHEDULER = "sglang.srt.managers.scheduler"
 ALL_RELEASES = ""  # every release compat.SUPPORTED_SGLANG admits
-# The first release with every admission path the grid rules patch (floor_chunked_tokens).
-GRID_RULES_RELEASES = ">=0.5.23"
+GRID_RULES_RELEASES = f">={releases.GRID_RULES}"
+_STOCK_CHECK = releases.STOCK_STARTUP_CHECK
 _ABSENT = object()
 
 
@@ -49,6 +54,11 @@ class PatchPoint:
     declare: object = _ABSENT
     member: object = _ABSENT
     opt_in: str = None  # environment switch (compat.env_flag) that selects the point
+
+    def __post_init__(self):
+        kinds = (self.wrapper is not None) + (self.declare is not _ABSENT) + (self.member is not _ABSENT)
+        if kinds != 1:
+            raise ValueError(f"patch point {self.name}: give exactly one of wrapper, declare and member")
 
     @property
     def name(self):
@@ -80,7 +90,7 @@ PATCH_POINTS = (
              "FlashInferAttnBackend subclass whose diffusion prefill is not chunked fa2", ">=0.5.22"),
     _declare(_ATTN + "triton_backend", "TritonAttnBackend.prefill_chunk_align",
              property(backends.triton_prefill_chunk_align),
-             "keeps what these releases aligned deterministic triton to", "<0.5.22"),
+             "keeps what these releases aligned deterministic triton to", f"<{_STOCK_CHECK}"),
     _declare(_ATTN + "hybrid_attn_backend", "HybridAttnBackend.prefill_chunk_align",
              property(backends.forward_to("prefill_backend")),
              "EXTEND runs on the prefill backend"),
@@ -101,16 +111,17 @@ PATCH_POINTS = (
              "DSA and SWA layers both prefill; the chunk must suit both", ">=0.5.19"),
     _wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
           scheduler_hooks.init_alignment_and_check,
-          "stock maps backend names to the 4096-token split tile and has no startup check", "<0.5.22"),
+          "stock maps backend names to the 4096-token split tile and has no startup check", f"<{_STOCK_CHECK}"),
     _wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
           scheduler_hooks.init_alignment_from_backend,
-          "stock maps backend names to the 4096-token split tile; read the live backend instead", ">=0.5.22"),
+          "stock maps backend names to the 4096-token split tile; read the live backend instead", f">={_STOCK_CHECK}"),
     _wrap(_SCHEDULER, "Scheduler.check_truncation_align_fits_chunk",
           scheduler_hooks.check_chunk_serves_alignment(rules_available=False),
-          "stock points users at the split-tile variable and accepts chunks off the q-tile grid", "==0.5.22"),
+          "stock points users at the split-tile variable and accepts chunks off the q-tile grid",
+          f">={_STOCK_CHECK},<{releases.GRID_RULES}"),
     _wrap(_SCHEDULER, "Scheduler.check_truncation_align_fits_chunk",
           scheduler_hooks.check_chunk_serves_alignment(rules_available=True),
-          "as on 0.5.22, and it activates the grid rules below", GRID_RULES_RELEASES),
+          "as before, and it activates the grid rules below", GRID_RULES_RELEASES),
     # The grid rules (planning.py), where SGLang has every admission path they need.
     _wrap("sglang.srt.managers.schedule_batch", "match_kv_cache", prefill_hooks.match_on_grid,
           "a radix hit may end anywhere; Req.init_next_round_input calls this module binding", GRID_RULES_RELEASES),
@@ -131,17 +142,25 @@ PATCH_POINTS = (
 
 # Installed only when apply() fails, so that a failure SGLang's plugin loader
 # swallows still stops deterministic flashinfer from starting with stock alignment.
-FAILURE_GUARD = _wrap(_SCHEDULER, "Scheduler.__init__", None,
+# Its wrapper is a factory: install_failure_guard() builds the wrapper around the cause.
+FAILURE_GUARD = _wrap(_SCHEDULER, "Scheduler.__init__", scheduler_hooks.refuse_deterministic_flashinfer,
                       "refuse deterministic flashinfer when the plugin could not apply")
 
+STOCK, APPLIED, GUARDED = "stock", "applied", "guarded"  # what this process has installed
 _lock = threading.Lock()
+_state = STOCK
 _installed = {}  # point name -> (point, owner, attribute, what owner.__dict__ held)
 
 
 def apply():
-    """Install every patch point for the installed SGLang; a no-op when already applied."""
+    """Install every patch point for the installed SGLang; a no-op when already applied.
+
+    Nothing changes unless every selected point resolves; an install that
+    fails partway is rolled back, so SGLang is either fully patched or stock.
+    """
+    global _state
     with _lock:
-        if _installed and FAILURE_GUARD.name not in _installed:
+        if _state == APPLIED:
             return
         version = installed_version()
         warning = check_sglang_version(version)
@@ -150,16 +169,31 @@ def apply():
         resolved = [(point, *_resolve(point, version)) for point in selected_points(version)]
         _restore_all()  # drops a failure guard left by an earlier attempt
         for point, owner, attribute, stock in resolved:
-            _install(point, owner, attribute, stock)
+            try:
+                _install(point, owner, attribute, stock)
+            except Exception as error:
+                _restore_all()
+                raise ChunkAlignError(
+                    f"SGLang {version}: installing patch point {point.name} failed "
+                    f"({type(error).__name__}: {error}); every point was restored to stock."
+                ) from error
+        _state = APPLIED
 
 
 def install_failure_guard(error):
-    """Make Scheduler.__init__ refuse deterministic flashinfer, citing `error`."""
+    """Make Scheduler.__init__ refuse deterministic flashinfer, citing `error`; only over stock SGLang."""
+    global _state
     with _lock:
-        if _installed:
+        if _state != STOCK:
             return
-        guard = replace(FAILURE_GUARD, wrapper=scheduler_hooks.refuse_deterministic_flashinfer(error))
+        guard = replace(FAILURE_GUARD, wrapper=FAILURE_GUARD.wrapper(error))
         _install(guard, *_resolve(guard, installed_version()))
+        _state = GUARDED
+
+
+def state():
+    """STOCK, APPLIED, or GUARDED (only the failure guard is installed)."""
+    return _state
 
 
 def remove():
@@ -173,8 +207,16 @@ def installed_names():
 
 
 def release_points(version):
-    """The points whose version gate admits `version`, opt-in or not."""
-    return [p for p in PATCH_POINTS if p.versions.contains(version, prereleases=True)]
+    """The points whose version gate admits `version`, opt-in or not; at most one per target."""
+    points = [p for p in PATCH_POINTS if p.versions.contains(version, prereleases=True)]
+    names = [p.name for p in points]
+    overlapping = sorted({name for name in names if names.count(name) > 1})
+    if overlapping:
+        raise ChunkAlignError(
+            f"SGLang {version}: the patch table selects {', '.join(overlapping)} more than once "
+            f"(overlapping version ranges); nothing was patched."
+        )
+    return points
 
 
 def selected_points(version):
@@ -193,6 +235,7 @@ def _install(point, owner, attribute, stock):
 
 
 def _restore_all():
+    global _state
     for point, owner, attribute, stock in reversed(list(_installed.values())):
         if point.member is not _ABSENT:
             stock.remove(point.member)
@@ -201,6 +244,7 @@ def _restore_all():
         else:
             setattr(owner, attribute, stock)
     _installed.clear()
+    _state = STOCK
     prefill_hooks.activate(None)
 
 

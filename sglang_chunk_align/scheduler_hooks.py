@@ -10,7 +10,7 @@ signature; patches.py says where each one goes.
 
 import logging
 
-from . import prefill_hooks
+from . import prefill_hooks, releases
 from .alignment import chunk_size_error
 from .backends import backend_alignment
 from .compat import RADIX_CACHE_ENV, RULES_ENV, env_flag
@@ -80,7 +80,7 @@ def _check_radix_cache(scheduler, q_tile, rules):
         return
     if rules is None:
         raise ValueError(
-            f"{RADIX_CACHE_ENV}=1 needs the grid rules (SGLang 0.5.23 or newer, {RULES_ENV} not 0): "
+            f"{RADIX_CACHE_ENV}=1 needs the grid rules (SGLang {releases.GRID_RULES} or newer, {RULES_ENV} not 0): "
             f"drop {RADIX_CACHE_ENV}, or turn the rules back on."
         )
     if not getattr(scheduler.tree_cache, "disable", True) and scheduler.tree_cache.supports_mamba():
