@@ -18,7 +18,7 @@ from importlib import metadata
 
 from packaging.specifiers import SpecifierSet
 
-from . import patches
+from . import patches, standins
 from .planning import Rules, plan
 from .alignment import PREFILL_Q_TILE_TOKENS
 from .compat import (
@@ -34,14 +34,6 @@ from .compat import (
 
 # The environment switches and their defaults (README, "Switches").
 SWITCHES = {RULES_ENV: True, RADIX_CACHE_ENV: False, ALLOW_UNTESTED_ENV: False}
-
-# What a deterministic FlashInferAttnBackend.__init__ sets (flashinfer_backend.py).
-DETERMINISTIC_FLASHINFER_STATE = {
-    "enable_deterministic": True,
-    "prefill_split_tile_size": 4096,
-    "prefill_backend": "fa2",
-    "skip_prefill": False,
-}
 
 
 def main(argv=None):
@@ -143,7 +135,6 @@ def declared_alignments():
     """
     import sglang.srt.layers.attention as attention_package
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 
     for module in pkgutil.iter_modules(attention_package.__path__, attention_package.__name__ + "."):
         try:
@@ -151,11 +142,11 @@ def declared_alignments():
         except Exception:  # a backend for other hardware; its classes stay unlisted
             pass
 
-    child = _stand_in(FlashInferAttnBackend, DETERMINISTIC_FLASHINFER_STATE)
+    child = standins.flashinfer_backend(deterministic=True)
     declared = {}
     for cls in sorted(_subclasses(AttentionBackend), key=lambda c: c.__name__):
         wrapped_children = dict.fromkeys(_forwarded_children(cls), child)
-        instance = _stand_in(cls, {**DETERMINISTIC_FLASHINFER_STATE, **wrapped_children})
+        instance = standins.backend(cls, **{**standins.flashinfer_state(deterministic=True), **wrapped_children})
         declared[cls.__name__] = instance.prefill_chunk_align
     return declared
 
@@ -195,12 +186,6 @@ def _subclasses(cls):
 def _forwarded_children(cls):
     getter = getattr(inspect.getattr_static(cls, "prefill_chunk_align"), "fget", None)
     return getattr(getter, "children", ())
-
-
-def _stand_in(cls, state):
-    instance = cls.__new__(cls)
-    instance.__dict__.update(state)
-    return instance
 
 
 if __name__ == "__main__":

@@ -4,20 +4,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import SGLANG, flashinfer_backend, published, sglang_at_least
+from sglang_chunk_align import releases
+from sglang_chunk_align.compat import installed_version, sglang_at_least
+from sglang_chunk_align.standins import backend, flashinfer_backend, published
 
 
 @pytest.fixture
 def deterministic(plugin):
     with published(deterministic=True) as server_args:
         yield server_args
-
-
-def _bare(cls):
-    """An instance without __init__ (which needs a GPU), holding the pool references wrappers copy."""
-    instance = cls.__new__(cls)
-    instance.token_to_kv_pool = instance.req_to_token_pool = instance.kv_index_translator = None
-    return instance
 
 
 def _class(module, name):
@@ -27,7 +22,7 @@ def _class(module, name):
     try:
         return getattr(importlib.import_module("sglang.srt.layers.attention." + module), name)
     except (ImportError, AttributeError):
-        pytest.skip(f"SGLang {SGLANG} has no {module}.{name}")
+        pytest.skip(f"SGLang {installed_version()} has no {module}.{name}")
 
 
 def test_base_backend_declares_none(deterministic):
@@ -119,8 +114,8 @@ def test_dots_wrappers_forward_their_children(deterministic):
     mla_cls = _class("flashinfer_mla_backend", "FlashInferMLAAttnBackend")
     swa = swa_cls(flashinfer_backend())
     assert swa.prefill_chunk_align == 128
-    assert hybrid_cls(_bare(mla_cls), swa).prefill_chunk_align == 128
-    assert hybrid_cls(_bare(mla_cls), swa_cls(_bare(mla_cls))).prefill_chunk_align is None
+    assert hybrid_cls(backend(mla_cls), swa).prefill_chunk_align == 128
+    assert hybrid_cls(backend(mla_cls), swa_cls(backend(mla_cls))).prefill_chunk_align is None
 
 
 def test_kimi_linear_under_flashinfer_keeps_only_the_mamba_grid(deterministic):
@@ -128,7 +123,7 @@ def test_kimi_linear_under_flashinfer_keeps_only_the_mamba_grid(deterministic):
     cls = _class("hybrid_linear_attn_backend", "HybridLinearAttnBackend")
     mla_cls = _class("flashinfer_mla_backend", "FlashInferMLAAttnBackend")
     kda_cls = _class("linear.kda_backend", "KDAAttnBackend")
-    assert cls(_bare(mla_cls), kda_cls.__new__(kda_cls), [3]).prefill_chunk_align is None
+    assert cls(backend(mla_cls), kda_cls.__new__(kda_cls), [3]).prefill_chunk_align is None
 
 
 def test_deterministic_triton_keeps_its_stock_alignment_where_stock_had_one(deterministic, monkeypatch):
@@ -136,7 +131,7 @@ def test_deterministic_triton_keeps_its_stock_alignment_where_stock_had_one(dete
     TritonAttnBackend = _class("triton_backend", "TritonAttnBackend")
     triton = TritonAttnBackend.__new__(TritonAttnBackend)
     triton.enable_deterministic = True
-    if sglang_at_least("0.5.22"):
+    if sglang_at_least(releases.STOCK_STARTUP_CHECK):
         assert triton.prefill_chunk_align is None
     else:
         assert triton.prefill_chunk_align == 4096

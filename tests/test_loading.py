@@ -5,8 +5,6 @@ import json
 
 import pytest
 
-from conftest import run_python
-
 # Runs the comma-separated steps in $ORDER, then prints the patch points' state as JSON.
 ORDER_SCRIPT = r'''
 import importlib, json, os
@@ -52,10 +50,14 @@ print(json.dumps({
 '''
 
 
-def run_order(order, plugins="chunk_align"):
-    result = run_python(ORDER_SCRIPT, ORDER=order, SGLANG_PLUGINS=plugins)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+@pytest.fixture
+def run_order(fresh_python):
+    def run(order, plugins="chunk_align"):
+        result = fresh_python(ORDER_SCRIPT, ORDER=order, SGLANG_PLUGINS=plugins)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    return run
 
 
 def _release_points():
@@ -79,14 +81,14 @@ def _stock_methods_only(state):
     return state["present"] == stock and state["wrapped"] == [] and state["installed"] == []
 
 
-def test_sglang_load_plugins_applies_the_entry_point():
+def test_sglang_load_plugins_applies_the_entry_point(run_order):
     state = run_order("load_plugins")
     assert state["installed"] == _all_points()
     assert state["present"] == sorted(p.name for p in _release_points())
     assert state["wrapped"] == _methods()
 
 
-def test_sglang_load_plugins_skips_it_when_another_plugin_is_selected():
+def test_sglang_load_plugins_skips_it_when_another_plugin_is_selected(run_order):
     assert _stock_methods_only(run_order("load_plugins", plugins="some_other_plugin"))
 
 
@@ -100,7 +102,7 @@ def test_sglang_load_plugins_skips_it_when_another_plugin_is_selected():
         "import,apply,remove,apply",
     ],
 )
-def test_orders_that_end_applied_patch_once(order):
+def test_orders_that_end_applied_patch_once(run_order, order):
     state = run_order(order)
     assert state["installed"] == _all_points()
     assert state["wrapped"] == _methods()
@@ -108,11 +110,11 @@ def test_orders_that_end_applied_patch_once(order):
 
 
 @pytest.mark.parametrize("order", ["import,apply,remove", "import,apply,apply,remove", "import,remove", "import,load,remove,remove"])
-def test_orders_that_end_removed_restore_stock_exactly(order):
+def test_orders_that_end_removed_restore_stock_exactly(run_order, order):
     state = run_order(order)
     assert state["identical_to_stock"]
     assert _stock_methods_only(state)
 
 
-def test_remove_before_import_leaves_stock():
+def test_remove_before_import_leaves_stock(run_order):
     assert _stock_methods_only(run_order("apply,remove,import"))

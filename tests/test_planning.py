@@ -1,8 +1,4 @@
-"""The pure planner behind the grid rules, and the `plan` command that shows it."""
-
-import json
-import subprocess
-import sys
+"""The pure planner behind the grid rules (the `plan` command is tested in test_cli.py)."""
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -77,29 +73,3 @@ def test_every_plan_starts_on_the_grid_and_keeps_the_solo_tile(prompt_len, cache
     assert all(c.end - c.start <= chunk for c in chunks)
     assert not any(c.hazards for c in chunks)
     assert chunks[0].start <= min(cached, prompt_len - 1) and min(cached, prompt_len - 1) - chunks[0].start < 128 + 65
-
-
-def _plan_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "sglang_chunk_align.cli", "plan", *args], capture_output=True, text=True
-    )
-
-
-def test_plan_command_shows_both_schedules_and_flags_hazards():
-    result = _plan_cli("--prompt-len", "2500", "--cached", "1000", "--chunk", "256", "--group", "4")
-    assert result.returncode == 0, result.stderr
-    assert "upstream length alignment: 6 chunks, 6 with hazards" in result.stdout
-    assert "sglang-chunk-align: 7 chunks, 0 with hazards" in result.stdout
-    assert "[   896,   1152)  tile 128  ok" in result.stdout
-
-
-def test_plan_command_json_and_unavoidable_hazard_exit_code():
-    result = _plan_cli("--prompt-len", "1040", "--chunk", "128", "--json")
-    assert result.returncode == 1
-    last = json.loads(result.stdout)["sglang-chunk-align"][-1]
-    assert last == {"start": 1024, "end": 1040, "tile": 16, "hazards": ["runs on the 16-row tile, solo prefill on 128"]}
-
-
-def test_plan_command_rejects_a_chunk_below_the_grid():
-    result = _plan_cli("--prompt-len", "100", "--chunk", "100")
-    assert result.returncode == 2 and "--chunk >= 128" in result.stderr

@@ -2,9 +2,9 @@
 
 import pytest
 
-from conftest import needs_grid_rules, run_python, scheduler_alignment
+from sglang_chunk_align.standins import scheduler_alignment
 
-pytestmark = needs_grid_rules
+pytestmark = pytest.mark.needs_grid_rules
 
 # SGLang's own deterministic-inference hook decides whether the radix cache stays on.
 RESOLVE = r'''
@@ -20,8 +20,8 @@ print("disable_radix_cache", resolving_view(server_args).disable_radix_cache)
 
 
 @pytest.mark.parametrize("opt_in, disabled", [("0", True), ("1", False)])
-def test_radix_cache_stays_on_only_when_opted_in(opt_in, disabled):
-    result = run_python(RESOLVE, SGLANG_PLUGINS="chunk_align", SGLANG_CHUNK_ALIGN_RADIX_CACHE=opt_in)
+def test_radix_cache_stays_on_only_when_opted_in(fresh_python, opt_in, disabled):
+    result = fresh_python(RESOLVE, SGLANG_PLUGINS="chunk_align", SGLANG_CHUNK_ALIGN_RADIX_CACHE=opt_in)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().endswith(f"disable_radix_cache {disabled}")
 
@@ -36,7 +36,7 @@ def test_radix_cache_needs_the_grid_rules(plugin, monkeypatch):
         tree_components=(ComponentType.FULL,),
     ))
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RADIX_CACHE", "1")
-    assert scheduler_alignment(chunk=256, tree_cache=tree_cache) == 128
+    assert scheduler_alignment(chunk=256, state={"tree_cache": tree_cache}) == 128
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "0")
     with pytest.raises(ValueError, match="SGLANG_CHUNK_ALIGN_RADIX_CACHE=1 needs the grid rules"):
-        scheduler_alignment(chunk=256, tree_cache=tree_cache)
+        scheduler_alignment(chunk=256, state={"tree_cache": tree_cache})

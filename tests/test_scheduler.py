@@ -5,7 +5,11 @@ import inspect
 import pytest
 
 import sglang_chunk_align
-from conftest import STOCK_STARTUP_CHECK, flashinfer_backend, needs_grid_rules, scheduler_alignment, stock_alignment_steps
+from sglang_chunk_align import releases
+from sglang_chunk_align.compat import sglang_at_least
+from sglang_chunk_align.standins import flashinfer_backend, scheduler_alignment, stock_alignment_steps
+
+needs_grid_rules = pytest.mark.needs_grid_rules
 
 
 def test_stock_scheduler_runs_the_alignment_steps_in_this_order():
@@ -19,7 +23,7 @@ def test_stock_scheduler_runs_the_alignment_steps_in_this_order():
 def assert_stock_refuses_256():
     """Stock aligns to the 4096-token split tile; from 0.5.22 it refuses a smaller chunk,
     before that it accepts one and long prompts would wait forever."""
-    if STOCK_STARTUP_CHECK:
+    if sglang_at_least(releases.STOCK_STARTUP_CHECK):
         with pytest.raises(ValueError, match="SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE"):
             scheduler_alignment(chunk=256)
     else:
@@ -102,7 +106,7 @@ def test_scheduler_logs_the_chosen_alignment_and_backend(plugin, caplog):
 def test_grid_rules_turn_mixed_chunk_off_with_a_warning(plugin, caplog):
     state = {"is_mixed_chunk": True}
     with caplog.at_level("WARNING", logger="sglang_chunk_align"):
-        scheduler_alignment(chunk=256, scheduler_state=state)
+        scheduler_alignment(chunk=256, state=state)
     assert state["is_mixed_chunk"] is False
     assert "--enable-mixed-chunk turned off" in caplog.text
 
@@ -110,7 +114,7 @@ def test_grid_rules_turn_mixed_chunk_off_with_a_warning(plugin, caplog):
 def test_mixed_chunk_stays_on_without_the_rules(plugin, monkeypatch):
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "0")
     state = {"is_mixed_chunk": True}
-    scheduler_alignment(chunk=256, scheduler_state=state)
+    scheduler_alignment(chunk=256, state=state)
     assert state["is_mixed_chunk"] is True
 
 
