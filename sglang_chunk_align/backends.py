@@ -1,13 +1,17 @@
-"""What each attention backend declares as `prefill_chunk_align`.
+"""What each attention backend declares as `prefill_chunk_align` and `prefill_q_tile_geometry`.
 
 The scheduler asks the live backend instead of matching backend names, so the
 answer must come from the backend's own state: a FlashInferAttnBackend
 declares the fa2 q-tile exactly when its deterministic fa2 paged prefill with
 a fixed split-KV size runs, and a wrapper forwards what the child that runs
-its prefill (EXTEND) declares. patches.py installs these as properties.
+its prefill (EXTEND) declares. The geometry is what fa2's prefill is planned
+with (its packed rows per token and head_dim), so the grid rules can be
+counted in packed rows; None where it is unknown. patches.py installs these
+as properties.
 """
 
 import os
+from dataclasses import dataclass, field
 
 from .alignment import PREFILL_Q_TILE_TOKENS, combine_alignments
 from .compat import ChunkAlignError
@@ -26,6 +30,35 @@ def flashinfer_prefill_chunk_align(backend):
         and not getattr(backend, "skip_prefill", False)
     )
     return PREFILL_Q_TILE_TOKENS if runs_fixed_split_fa2 else None
+
+
+@dataclass(frozen=True)
+class QTileGeometry:
+    """How fa2's prefill is planned on this rank: q heads per KV head, and head_dim."""
+
+    group: int
+    head_dim: int
+    source: str = field(compare=False)  # where it was read, for the scheduler's log line
+
+
+def flashinfer_q_tile_geometry(backend):
+    """From the heads and head_dim the prefill is planned with, per attention-TP rank.
+
+    SGLang plans with the maximum q heads over layers (indices_updater_prefill),
+    which is what fa2 packs rows with. None when the backend declares no
+    alignment, or does not say.
+    """
+    if backend.prefill_chunk_align is None:
+        return None
+    planned = getattr(backend, "indices_updater_prefill", None)
+    heads, kv_heads = getattr(planned, "num_qo_heads", None), getattr(planned, "num_kv_heads", None)
+    head_dim = getattr(planned, "head_dim", None)
+    if not all(isinstance(n, int) and n > 0 for n in (heads, kv_heads, head_dim)) or heads % kv_heads:
+        return None
+    return QTileGeometry(
+        heads // kv_heads, head_dim,
+        f"{type(backend).__name__}.indices_updater_prefill: {heads} q / {kv_heads} KV heads, head_dim {head_dim}",
+    )
 
 
 def triton_prefill_chunk_align(backend):
@@ -51,7 +84,15 @@ def forward_to(*children):
     return prefill_chunk_align
 
 
-def backend_alignment(backend):
-    """(alignment, description) of a live backend, for logs and doctor."""
-    align = getattr(backend, "prefill_chunk_align", None)
-    return align, f"{type(backend).__name__}.prefill_chunk_align = {align}"
+def forward_geometry_to(*children):
+    """A property getter for the geometry of the children that declare an alignment: known only
+    where they all declare the same one (else the conservative rules apply)."""
+
+    def prefill_q_tile_geometry(self):
+        aligned = [getattr(self, c) for c in children if getattr(getattr(self, c), "prefill_chunk_align", None)]
+        declared = {getattr(child, "prefill_q_tile_geometry", None) for child in aligned}
+        return declared.pop() if len(declared) == 1 else None
+
+    prefill_q_tile_geometry.__doc__ = f"Forwarded from {' and '.join(children)}."
+    return prefill_q_tile_geometry
+

@@ -5,18 +5,24 @@ lengths (tokens x GQA group): 128 rows above 64, 64 rows above 16, else 16.
 A request's chunked prefill is bit-exact against its solo unchunked prefill
 when every chunk starts on the q-tile grid and runs on the tile its solo
 prefill gets. Measured on an H200 with flashinfer 0.7.2 (tests/gpu/README.md,
-"Kernel facts"): three rules close the holes a length alignment leaves:
+"Kernel facts"), in packed rows, so a known group g relaxes each rule g-fold:
 
-- reuse a cached prefix only up to the grid, leaving at least `min_tail`
-  tokens to compute (a 1-token extend over 2000 cached tokens gets a small tile);
+- the grid is 128 packed rows: 128/gcd(128, g) tokens;
+- reuse a cached prefix only up to the grid (and SGLang's page), leaving a
+  piece of more than 64 packed rows to compute (a 1-token extend over 2000
+  cached tokens gets a small tile);
 - cut every chunk on the grid, memory-pressure and continuation cuts included;
-- end a chunk one grid step early when the tail after it would be shorter
-  than `min_tail` (possible only with a budget of two grid steps or more).
+- end a chunk one grid step early when the piece after it would be 64 packed
+  rows or fewer; where the budget holds no earlier cut (chunk 128 at group 1),
+  the short final piece rides along with the chunk before it instead, so that
+  extend exceeds the budget by less than a minimum piece.
 
 Every batch member must get its solo tile. At head_dim 128, a member whose
 KV is at most KV_TOO_SHORT_TO_MATTER tokens gave the same result on any tile;
 at head_dim 256 it did not (benchmarks/README.md), so only a known head_dim
-below 256 earns that exemption.
+below 256 earns that exemption. Where the live backend does not say its
+geometry, Rules() assumes group 1 and an unknown head_dim: the coarsest grid,
+safe for every model.
 
 Pure functions: the scheduler hooks, the CLI `plan` command and the tests use
 them alike.
@@ -28,6 +34,11 @@ from dataclasses import dataclass
 from .alignment import PREFILL_Q_TILE_TOKENS
 
 KV_TOO_SHORT_TO_MATTER = 32
+# fa2 gives an extend of more than this many packed rows its full 128-row tile.
+FULL_TILE_ABOVE_ROWS = 64
+
+# How chunk_end treats a final piece too short for the full tile that no earlier cut can merge.
+KEEP, WAIT, RIDE = "keep", "wait", "ride"
 
 
 def q_tile_grid(group):
@@ -47,10 +58,19 @@ def cta_tile(packed_rows):
 
 @dataclass(frozen=True)
 class Rules:
-    grid: int = PREFILL_Q_TILE_TOKENS  # tokens; chunks start on multiples of it
-    min_tail: int = 65  # tokens; an extend this long gets the 128-row tile
-    group: int = 1  # GQA group: q heads per KV head
+    group: int = 1  # packed rows per token: q heads per KV head as fa2 is planned (1: unknown)
     head_dim: int = None  # None: unknown, no short-KV exemption
+    page_size: int = 1  # SGLang's KV page: a reused prefix ends on a page
+
+    @property
+    def grid(self):
+        """Tokens; every extend starts on a multiple of it."""
+        return math.lcm(q_tile_grid(self.group), self.page_size)
+
+    @property
+    def min_tail(self):
+        """Tokens; the shortest extend that gets the full 128-row tile."""
+        return FULL_TILE_ABOVE_ROWS // self.group + 1
 
     @property
     def exempt_kv(self):
@@ -63,6 +83,13 @@ class Rules:
     def batch_tile(self, extend_lens):
         return cta_tile(sum(extend_lens) * self.group // len(extend_lens))
 
+    def describe(self):
+        """The grid in words, for the scheduler's log line and doctor."""
+        return (
+            f"{self.grid}-token grid, pieces over {self.min_tail - 1} tokens "
+            f"(GQA group {self.group}, head_dim {self.head_dim or 'unknown'}, page {self.page_size})"
+        )
+
 
 def usable_prefix(cached, prompt_len, rules):
     """How much of a cached prefix to reuse: on the grid, leaving min_tail tokens to compute."""
@@ -72,13 +99,14 @@ def usable_prefix(cached, prompt_len, rules):
     return used
 
 
-def chunk_end(start, budget, prompt_len, rules, wait_for_room=False):
+def chunk_end(start, budget, prompt_len, rules, short_tail=KEEP):
     """Where an extend starting at `start` (on the grid) with `budget` tokens ends.
 
     Returns `start` when no grid cut fits the budget: the request waits. A
-    tail too short for the full tile that this budget cannot merge is
-    unavoidable when the budget is a whole chunk; when `wait_for_room` (the
-    budget is what other requests left over), the request waits instead.
+    final piece shorter than min_tail that ending one grid step early cannot
+    merge is handled by `short_tail`: KEEP leaves it (the budget is bound by
+    memory), WAIT returns `start` (the budget is what other requests left
+    over), RIDE returns `prompt_len` (the piece rides with this extend).
     """
     if prompt_len - start <= budget:
         return prompt_len
@@ -86,8 +114,10 @@ def chunk_end(start, budget, prompt_len, rules, wait_for_room=False):
     if prompt_len - end < rules.min_tail:
         if end - rules.grid > start:
             end -= rules.grid
-        elif wait_for_room:
+        elif short_tail == WAIT:
             return start
+        elif short_tail == RIDE:
+            return prompt_len
     return max(end, start)
 
 
@@ -119,9 +149,9 @@ def plan(prompt_len, cached, chunk, rules, aligned=True):
     chunks = []
     while start < prompt_len:
         if aligned:
-            end = chunk_end(start, chunk, prompt_len, rules)
+            end = chunk_end(start, chunk, prompt_len, rules, short_tail=RIDE)
         else:
-            end = min(prompt_len, start + chunk // rules.grid * rules.grid)
+            end = min(prompt_len, start + chunk // PREFILL_Q_TILE_TOKENS * PREFILL_Q_TILE_TOKENS)
         chunks.append(_describe(start, end, prompt_len, rules))
         if end == start:
             break

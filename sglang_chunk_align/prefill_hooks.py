@@ -15,10 +15,11 @@ Only the wrappers below read `rules_in_force`; while it is None (no deterministi
 flashinfer scheduler, or the rules switched off) every wrapper passes through.
 """
 
+import contextlib
 import logging
 from dataclasses import replace
 
-from .planning import chunk_end, tile_conflicts, usable_prefix
+from .planning import KEEP, RIDE, WAIT, chunk_end, tile_conflicts, usable_prefix
 
 logger = logging.getLogger("sglang_chunk_align")
 
@@ -35,7 +36,12 @@ class _NoGridCut(Exception):
 
 
 def match_on_grid(wrapped, instance, args, kwargs):
-    """Wraps match_kv_cache: reuse a cached prefix only up to the grid, leaving min_tail to compute."""
+    """Wraps match_kv_cache: reuse a cached prefix only up to the grid, leaving min_tail to compute.
+
+    A rounded hit is matched a second time with max_prefix_len: SGLang's
+    match only caps a hit, and the second match splits the tree node at the
+    rounded end, so req.last_node and the lock describe the prefix in use.
+    """
     result = wrapped(*args, **kwargs)
     if rules_in_force is None:
         return result
@@ -48,7 +54,12 @@ def match_on_grid(wrapped, instance, args, kwargs):
 
 
 def admit_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder._select_prefill_admission: cut a chunked admission on the grid."""
+    """Wraps PrefillAdder._select_prefill_admission: cut a chunked admission on the grid.
+
+    A short final piece rides with a request's first extend only when the
+    chunk budget alone cut it: add_one_req has checked KV memory for the
+    whole prompt, and the admission is then a whole one (not chunked).
+    """
     admission = wrapped(*args, **kwargs)
     if rules_in_force is None or not getattr(admission, "is_chunked", False):
         return admission
@@ -57,9 +68,18 @@ def admit_on_grid(wrapped, instance, args, kwargs):
     req = args[0] if args else kwargs["req"]
     start = admission.prefix_len
     prompt_len = len(req.full_untruncated_fill_ids)
-    end = chunk_end(start, admission.extend_len, prompt_len, rules_in_force, wait_for_room=bool(instance.can_run_list))
+    if instance.can_run_list:
+        short_tail = WAIT
+    else:
+        short_tail = RIDE if admission.extend_len >= instance.rem_chunk_tokens else KEEP
+    end = chunk_end(start, admission.extend_len, prompt_len, rules_in_force, short_tail)
     if end == start:
         return _add_req_result().OTHER
+    if end == prompt_len:
+        from sglang.srt.managers.schedule_policy import CLIP_MAX_NEW_TOKENS
+
+        max_new_tokens = min(req.sampling_params.max_new_tokens, CLIP_MAX_NEW_TOKENS)
+        return replace(admission, extend_len=end - start, is_chunked=False, max_new_tokens=max_new_tokens)
     return replace(admission, extend_len=end - start)
 
 
@@ -67,7 +87,9 @@ def cut_on_grid(wrapped, instance, args, kwargs):
     """Wraps PrefillAdder.floor_chunked_tokens, which cuts continuation and ignore_eos chunks.
 
     Their extend starts on the grid (every earlier cut was on it), so a cut
-    length on the grid is a cut end on the grid.
+    length on the grid is a cut end on the grid. It never lengthens a cut:
+    its callers decide "chunked" before they call it, so a final piece that
+    rides along is given room by raising their budget (_riding_final_piece).
     """
     length = wrapped(*args, **kwargs)
     remaining = args[1] if len(args) > 1 else kwargs["remaining"]
@@ -75,26 +97,69 @@ def cut_on_grid(wrapped, instance, args, kwargs):
         return length
     if _unfinished_chunk_in_batch(instance):
         raise _NoGridCut
-    length = chunk_end(0, length, remaining, rules_in_force, wait_for_room=bool(instance.can_run_list))
+    length = chunk_end(0, length, remaining, rules_in_force, WAIT if instance.can_run_list else KEEP)
     if length == 0:
         raise _NoGridCut
     return length
 
 
-def park_without_grid_cut(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_chunked_req: the chunked request waits for budget."""
+def continue_on_grid(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.add_chunked_req: the chunked request waits for budget, or its short
+    final piece rides with this chunk."""
+    req = args[0] if args else kwargs["req"]
     try:
-        return wrapped(*args, **kwargs)
+        with _riding_final_piece(instance, req):
+            return wrapped(*args, **kwargs)
     except _NoGridCut:
-        return args[0] if args else kwargs["req"]
+        return req
 
 
-def defer_without_grid_cut(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_one_req_ignore_eos: the request waits for budget."""
-    try:
+def ignore_eos_on_grid(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.add_one_req_ignore_eos like add_chunked_req.
+
+    Stock reports the rank prefillable to the prefill delayer before it cuts
+    the chunk, so a request the grid leaves no cut for is deferred before
+    stock runs at all, never after it has reported.
+    """
+    req = args[0] if args else kwargs["req"]
+    if rules_in_force is not None and instance.rem_chunk_tokens is not None:
+        start, prompt_len = req.prefix_len, len(req.full_untruncated_fill_ids)
+        if prompt_len - start > instance.rem_chunk_tokens > 0 and (
+            _unfinished_chunk_in_batch(instance)
+            or chunk_end(start, instance.rem_chunk_tokens, prompt_len, rules_in_force,
+                         WAIT if instance.can_run_list else KEEP) == start
+        ):
+            return _add_req_result().OTHER
+    with _riding_final_piece(instance, req):
         return wrapped(*args, **kwargs)
-    except _NoGridCut:
-        return _add_req_result().OTHER
+
+
+@contextlib.contextmanager
+def _riding_final_piece(adder, req):
+    """Raise the chunk budget while stock admits `req` when its short final piece should ride
+    along (the request alone in the batch, e.g. chunk 128 at group 1), so stock admits it whole.
+
+    Stock still bounds the extend by the KV memory it has, and charges the
+    whole extend, so the budget ends below zero and the batch closes.
+    """
+    slack = _ride_slack(adder, req)
+    if slack:
+        adder.rem_chunk_tokens += slack
+    try:
+        yield
+    finally:
+        if slack:
+            adder.rem_chunk_tokens -= slack
+
+
+def _ride_slack(adder, req):
+    """Tokens beyond the chunk budget that `req`'s riding final piece needs, or 0."""
+    if rules_in_force is None or adder.rem_chunk_tokens is None or adder.can_run_list:
+        return 0
+    start, prompt_len, budget = req.prefix_len, len(req.full_untruncated_fill_ids), adder.rem_chunk_tokens
+    if prompt_len - start > budget and chunk_end(start, budget, prompt_len, rules_in_force, RIDE) == prompt_len:
+        return prompt_len - start - budget
+    return 0
 
 
 def keep_solo_tiles(wrapped, instance, args, kwargs):

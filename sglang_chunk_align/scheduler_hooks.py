@@ -12,7 +12,6 @@ import logging
 
 from . import prefill_hooks, releases
 from .alignment import chunk_size_error
-from .backends import backend_alignment
 from .compat import RADIX_CACHE_ENV, RULES_ENV, env_flag
 from .planning import Rules
 
@@ -20,12 +19,15 @@ logger = logging.getLogger("sglang_chunk_align")
 
 
 def live_backend(scheduler):
-    return scheduler.tp_worker.model_runner.attn_backend
+    """The attention backend the scheduler's model runs, or None on a bare Scheduler
+    (SGLang's own unit tests build one without a worker: the check then behaves as stock)."""
+    worker = getattr(scheduler, "tp_worker", None)
+    return worker.model_runner.attn_backend if worker is not None else None
 
 
 def init_alignment_from_backend(wrapped, instance, args, kwargs):
     """Replaces Scheduler.init_deterministic_inference_config."""
-    instance.truncation_align_size, _ = backend_alignment(live_backend(instance))
+    instance.truncation_align_size = live_backend(instance).prefill_chunk_align
 
 
 def init_alignment_and_check(wrapped, instance, args, kwargs):
@@ -50,28 +52,66 @@ def check_chunk_serves_alignment(rules_available):
 
 
 def _check_chunk(scheduler, rules_available):
-    q_tile, declared = backend_alignment(live_backend(scheduler))
+    backend = live_backend(scheduler)
+    q_tile = backend.prefill_chunk_align if backend is not None else None
     align = scheduler.truncation_align_size
     rules = None
-    if q_tile is not None and env_flag(RULES_ENV, True) and rules_available:
-        rules = Rules(grid=align, head_dim=getattr(scheduler.model_config, "head_dim", None))
-    logger.info(
-        "sglang-chunk-align: prefill chunks aligned to %s (%s); grid rules %s",
-        f"{align} tokens" if align else "nothing",
-        declared,
-        "on" if rules else "off" if rules_available else "not available on this SGLang release",
-    )
+    if q_tile is not None and align is not None and rules_available and env_flag(RULES_ENV, True):
+        rules = _rules_for(scheduler, backend)
+    if backend is not None:
+        logger.info(
+            "sglang-chunk-align: prefill chunks aligned to %s (%s.prefill_chunk_align = %s); grid rules %s",
+            f"{align} tokens" if align else "nothing", type(backend).__name__, q_tile,
+            _describe_rules(rules, backend) if rules else "off" if rules_available
+            else "not available on this SGLang release",
+        )
     _check_radix_cache(scheduler, q_tile, rules)
-    prefill_hooks.activate(rules)
     if rules is not None:
-        _keep_batches_on_solo_tiles(scheduler, rules)
+        _refuse_paths_the_rules_cannot_keep(scheduler.server_args)
+        _keep_batches_on_solo_tiles(scheduler)
+    prefill_hooks.activate(rules)
     if _is_decode_server(scheduler):
         return  # A decode server never prefills a prompt.
-    problem = chunk_size_error(
-        scheduler.chunked_prefill_size, align, q_tile, _attn_dp_size(scheduler.server_args)
-    )
+    problem = chunk_size_error(scheduler.chunked_prefill_size, align, q_tile, _attn_dp_size(scheduler.server_args))
     if problem:
         raise ValueError(problem)
+
+
+def _rules_for(scheduler, backend):
+    """The grid rules for the live backend's q-tile geometry; conservative where it does not say."""
+    page_size = getattr(scheduler, "page_size", None) or 1
+    geometry = getattr(backend, "prefill_q_tile_geometry", None)
+    if geometry is None:
+        return Rules(page_size=page_size)
+    return Rules(group=geometry.group, head_dim=geometry.head_dim, page_size=page_size)
+
+
+def _describe_rules(rules, backend):
+    geometry = getattr(backend, "prefill_q_tile_geometry", None)
+    source = geometry.source if geometry else "geometry unknown: the conservative rules for every model"
+    return f"on: {rules.describe()}, from {source}"
+
+
+def _refuse_paths_the_rules_cannot_keep(server_args):
+    """Paths where fa2 prefill is planned with CUDA-graph tiles (from a maximum q length, not the
+    batch average) and no fixed split, so neither the rules nor stock determinism hold."""
+    from sglang.srt.runtime_context import get_exec, get_spec
+
+    graphs = get_exec().graph.cuda_graph_config
+    prefill_graph = graphs.prefill.backend if graphs is not None else server_args.cuda_graph_backend_prefill
+    if str(getattr(prefill_graph, "value", prefill_graph)) == "full":
+        raise ValueError(
+            "sglang-chunk-align: --cuda-graph-backend-prefill full plans fa2 prefill with CUDA-graph "
+            "tiles and no fixed split, so chunked prefill is not bit-exact. Use the default "
+            f"(breakable) prefill graph, or set {RULES_ENV}=0 to accept that."
+        )
+    if get_spec().speculative_algorithm:
+        raise ValueError(
+            f"sglang-chunk-align: speculative decoding ({get_spec().speculative_algorithm}) plans fa2 "
+            "prefill for target verify and draft extend with CUDA-graph tiles and no fixed split, "
+            "which the grid rules cannot keep bit-exact. Drop --speculative-algorithm, or set "
+            f"{RULES_ENV}=0 to accept that."
+        )
 
 
 def _check_radix_cache(scheduler, q_tile, rules):
@@ -90,20 +130,12 @@ def _check_radix_cache(scheduler, q_tile, rules):
         )
 
 
-def _keep_batches_on_solo_tiles(scheduler, rules):
+def _keep_batches_on_solo_tiles(scheduler):
     if getattr(scheduler, "is_mixed_chunk", False):
         scheduler.is_mixed_chunk = False
         logger.warning(
             "sglang-chunk-align: --enable-mixed-chunk turned off: decodes mixed into a prefill "
             "batch move its requests onto a smaller fa2 tile, which breaks bit-exactness."
-        )
-    chunk = scheduler.chunked_prefill_size
-    if chunk is not None and 0 < chunk < 2 * rules.grid:
-        logger.warning(
-            "sglang-chunk-align: --chunked-prefill-size %s leaves no room to merge a final chunk "
-            "shorter than %s tokens into the one before it; such a tail runs on a smaller fa2 tile "
-            "and is not bit-exact. Use at least %s.",
-            chunk, rules.min_tail, 2 * rules.grid,
         )
 
 
@@ -113,7 +145,12 @@ def _is_decode_server(scheduler):
 
 
 def _attn_dp_size(server_args):
-    return server_args.dp_size if getattr(server_args, "enable_dp_attention", False) else 1
+    """Attention data-parallel ranks, as stock's check reads them (--attn-dp-size from 0.5.23)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+    except ImportError:  # releases before the published runtime config
+        return server_args.dp_size if getattr(server_args, "enable_dp_attention", False) else 1
+    return get_parallel().attn_dp_size
 
 
 def refuse_deterministic_flashinfer(error):

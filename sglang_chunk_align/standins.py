@@ -77,10 +77,20 @@ def flashinfer_state(deterministic=None):
     }
 
 
-def flashinfer_backend(cls=None, *, deterministic=None, **state):
-    """A FlashInferAttnBackend (or subclass) in the state its __init__ sets, overridden by `state`."""
+def flashinfer_backend(cls=None, *, deterministic=None, planned=None, **state):
+    """A FlashInferAttnBackend (or subclass) in the state its __init__ sets, overridden by `state`.
+
+    `planned` (q heads, KV heads, head_dim per rank) stands for the
+    indices_updater_prefill __init__ builds from the model config; without it
+    the backend does not say how its prefill is planned.
+    """
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 
+    if planned is not None:
+        num_qo_heads, num_kv_heads, head_dim = planned
+        state["indices_updater_prefill"] = SimpleNamespace(
+            num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim
+        )
     return backend(cls or FlashInferAttnBackend, **{**flashinfer_state(deterministic), **state})
 
 

@@ -139,3 +139,30 @@ def test_deterministic_triton_keeps_its_stock_alignment_where_stock_had_one(dete
         assert triton.prefill_chunk_align == 2048
         triton.enable_deterministic = False
         assert triton.prefill_chunk_align is None
+
+
+def test_deterministic_flashinfer_declares_the_geometry_it_plans_prefill_with(deterministic):
+    from sglang_chunk_align.backends import QTileGeometry
+
+    assert flashinfer_backend(planned=(32, 8, 128)).prefill_q_tile_geometry == QTileGeometry(4, 128, "")
+    assert flashinfer_backend(planned=(8, 8, 256)).prefill_q_tile_geometry == QTileGeometry(1, 256, "")
+    assert flashinfer_backend().prefill_q_tile_geometry is None  # no planned heads: unknown
+    assert flashinfer_backend(planned=(12, 8, 128)).prefill_q_tile_geometry is None  # not a whole group
+    assert flashinfer_backend(planned=(32, 8, 128), skip_prefill=True).prefill_q_tile_geometry is None
+    with published(deterministic=False):
+        assert flashinfer_backend(planned=(32, 8, 128)).prefill_q_tile_geometry is None
+
+
+def test_wrappers_forward_the_geometry_of_their_aligned_children(deterministic):
+    from sglang_chunk_align.backends import QTileGeometry
+
+    TboAttnBackend = _class("tbo_backend", "TboAttnBackend")
+    cls = _class("minimax_sparse_backend", "MiniMaxHybridAttnBackend")
+    sparse_cls = _class("minimax_sparse_backend", "MiniMaxSparseAttnBackend")
+    group_4 = QTileGeometry(4, 128, "")
+    assert TboAttnBackend(flashinfer_backend(planned=(32, 8, 128)), []).prefill_q_tile_geometry == group_4
+    assert cls(flashinfer_backend(planned=(32, 8, 128)), sparse_cls.__new__(sparse_cls), [1]).prefill_q_tile_geometry == group_4
+    dense_and_dense = cls(flashinfer_backend(planned=(32, 8, 128)), flashinfer_backend(planned=(32, 4, 128)), [1])
+    assert dense_and_dense.prefill_q_tile_geometry is None  # children disagree: conservative
+    trtllm = flashinfer_backend(_class("trtllm_mha_backend", "TRTLLMHAAttnBackend"), planned=(32, 8, 128))
+    assert trtllm.prefill_q_tile_geometry is None  # declares no alignment: its prefill is not fa2

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sglang_chunk_align.planning import Rules, chunk_end, cta_tile, plan, q_tile_grid, tile_conflicts, usable_prefix
+from sglang_chunk_align.planning import KEEP, RIDE, WAIT, Rules, chunk_end, cta_tile, plan, q_tile_grid, tile_conflicts, usable_prefix
 
 RULES = Rules()
 
@@ -32,10 +32,32 @@ def test_short_tail_is_merged_into_the_previous_chunk():
     assert [c.end for c in plan(1040, 0, 256, RULES, aligned=False)][-2:] == [1024, 1040]
 
 
-def test_chunk_128_cannot_merge_and_says_so():
+def test_rules_are_counted_in_packed_rows():
+    assert [(Rules(group=g).grid, Rules(group=g).min_tail) for g in (1, 2, 4, 8, 16)] == [
+        (128, 65), (64, 33), (32, 17), (16, 9), (8, 5),
+    ]
+    assert Rules(group=3).grid == 128 and Rules(group=3).min_tail == 22  # 22 x 3 = 66 rows > 64
+
+
+def test_a_known_group_relaxes_the_prefix_rounding():
+    assert usable_prefix(1000, 2500, Rules(group=4)) == 992  # 1000 rounded to the 32-token grid
+    assert usable_prefix(2000, 2010, Rules(group=4)) == 1984  # leaves 26 tokens = 104 rows
+    assert usable_prefix(2000, 2010, RULES) == 1920  # group unknown: 128 grid, 65 tokens
+
+
+def test_reused_prefix_sits_on_the_grid_and_the_page():
+    rules = Rules(group=8, page_size=64)
+    assert rules.grid == 64 and usable_prefix(1000, 2500, rules) == 960
+    assert Rules(group=4, page_size=16).grid == 32
+
+
+def test_chunk_128_lets_the_short_final_piece_ride_along():
     last = plan(1040, 0, 128, RULES)[-1]
-    assert (last.start, last.end, last.tile) == (1024, 1040, 16)
-    assert last.hazards == ("runs on the 16-row tile, solo prefill on 128",)
+    assert (last.start, last.end, last.tile, last.hazards) == (896, 1040, 128, ())
+    assert chunk_end(896, 128, 1040, RULES, short_tail=KEEP) == 1024  # a memory-bound budget keeps the piece
+    assert chunk_end(896, 128, 1040, RULES, short_tail=WAIT) == 896  # a leftover budget waits for room
+    assert chunk_end(896, 128, 1040, RULES, short_tail=RIDE) == 1040
+    assert chunk_end(896, 128, 1040, Rules(group=4), short_tail=RIDE) == 992  # a finer grid merges instead
 
 
 def test_memory_pressure_cut_below_the_grid_waits():
@@ -62,14 +84,16 @@ def test_tile_conflicts_in_thin_batches():
 @given(
     prompt_len=st.integers(1, 20000),
     cached=st.integers(0, 20000),
-    chunk=st.sampled_from([256, 384, 512, 1024, 4096]),
+    chunk=st.sampled_from([128, 256, 384, 512, 1024, 4096]),
     group=st.sampled_from([1, 2, 4, 8]),
 )
 def test_every_plan_starts_on_the_grid_and_keeps_the_solo_tile(prompt_len, cached, chunk, group):
     rules = Rules(group=group)
     chunks = plan(prompt_len, cached, chunk, rules)
     assert chunks[-1].end == prompt_len
-    assert all(c.start % 128 == 0 and c.end > c.start for c in chunks)
-    assert all(c.end - c.start <= chunk for c in chunks)
+    assert all(c.start % rules.grid == 0 and c.end > c.start for c in chunks)
+    assert all(c.end - c.start < chunk + rules.min_tail for c in chunks)
+    assert all(c.end - c.start <= chunk for c in chunks[:-1])
     assert not any(c.hazards for c in chunks)
-    assert chunks[0].start <= min(cached, prompt_len - 1) and min(cached, prompt_len - 1) - chunks[0].start < 128 + 65
+    reusable = min(cached, prompt_len - 1)
+    assert chunks[0].start <= reusable and reusable - chunks[0].start < rules.grid + rules.min_tail

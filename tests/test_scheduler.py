@@ -1,13 +1,17 @@
 """The Scheduler's own alignment steps, stock and patched, on real server configs."""
 
 import inspect
+import re
 
 import pytest
 
 import sglang_chunk_align
-from sglang_chunk_align import releases
+from sglang_chunk_align import prefill_hooks, releases
 from sglang_chunk_align.compat import sglang_at_least
-from sglang_chunk_align.standins import flashinfer_backend, scheduler_alignment, stock_alignment_steps
+from sglang_chunk_align.planning import Rules
+from sglang_chunk_align.standins import (
+    bare, flashinfer_backend, published, scheduler, scheduler_alignment, stock_alignment_steps,
+)
 
 needs_grid_rules = pytest.mark.needs_grid_rules
 
@@ -86,6 +90,12 @@ def test_dp_attention_message_names_the_total_size():
     assert "split across 2 DP attention ranks" in message and "at least 256" in message
 
 
+@pytest.mark.skipif(not sglang_at_least("0.5.23"), reason="--attn-dp-size came with SGLang 0.5.23")
+def test_dp_attention_size_is_read_as_stock_reads_it(plugin):
+    with pytest.raises(ValueError, match="split across 2 DP attention ranks.*at least 256"):
+        scheduler_alignment(chunk=100, attn_dp_size=2, tp_size=2)
+
+
 @pytest.mark.skipif("init_mamba_truncation_align" not in stock_alignment_steps(), reason="SGLang has the mamba LCM step from 0.5.23")
 def test_mamba_grid_combines_by_lcm(plugin, monkeypatch):
     from sglang.srt.managers import scheduler as scheduler_module
@@ -119,14 +129,63 @@ def test_mixed_chunk_stays_on_without_the_rules(plugin, monkeypatch):
 
 
 @needs_grid_rules
-def test_chunk_128_warns_that_short_tails_cannot_be_merged(plugin, caplog):
-    with caplog.at_level("WARNING", logger="sglang_chunk_align"):
-        scheduler_alignment(chunk=128)
-    assert "--chunked-prefill-size 128 leaves no room to merge" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="sglang_chunk_align"):
+def test_rules_take_the_grid_from_the_planned_heads_and_log_it(plugin, caplog):
+    with caplog.at_level("INFO", logger="sglang_chunk_align"):
+        scheduler_alignment(lambda: flashinfer_backend(planned=(32, 8, 128)), chunk=128, state={"page_size": 16})
+    assert prefill_hooks.rules_in_force == Rules(group=4, head_dim=128, page_size=16)
+    assert (
+        "grid rules on: 32-token grid, pieces over 16 tokens (GQA group 4, head_dim 128, page 16), "
+        "from FlashInferAttnBackend.indices_updater_prefill: 32 q / 8 KV heads, head_dim 128"
+    ) in caplog.text
+    assert "WARNING" not in caplog.text  # chunk 128 is exact: its short final pieces ride along
+
+
+@needs_grid_rules
+def test_rules_stay_conservative_where_the_geometry_is_unknown(plugin, caplog):
+    with caplog.at_level("INFO", logger="sglang_chunk_align"):
         scheduler_alignment(chunk=256)
-    assert "leaves no room" not in caplog.text
+    assert prefill_hooks.rules_in_force == Rules()
+    assert "128-token grid, pieces over 64 tokens" in caplog.text and "geometry unknown" in caplog.text
+
+
+@needs_grid_rules
+@pytest.mark.parametrize(
+    "fields, refused",
+    [({"cuda_graph_backend_prefill": "full"}, "--cuda-graph-backend-prefill full"),
+     ({"speculative_algorithm": "EAGLE", "speculative_draft_model_path": "dummy"}, "speculative decoding (EAGLE)")],
+)
+def test_paths_with_cuda_graph_prefill_tiles_are_refused_with_the_rules(plugin, monkeypatch, fields, refused):
+    with pytest.raises(ValueError, match=re.escape(refused)):
+        scheduler_alignment(chunk=256, **fields)
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "0")
+    assert scheduler_alignment(chunk=256, **fields) == 128
+
+
+def test_bare_scheduler_without_a_worker_checks_as_stock(plugin):
+    """SGLang's own unit tests call the check on a Scheduler without a worker or backend."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.scheduler import Scheduler
+
+    def check(align, chunk, mode=DisaggregationMode.NULL):
+        with published(chunk=chunk) as server_args:
+            bare_scheduler = bare(Scheduler, server_args=server_args, truncation_align_size=align,
+                                  chunked_prefill_size=chunk, disaggregation_mode=mode)
+            bare_scheduler.check_truncation_align_fits_chunk()
+
+    check(4096, 8192)
+    check(None, 256)
+    check(4096, None)
+    check(4096, 256, DisaggregationMode.DECODE)
+    with pytest.raises(ValueError, match="at least 4096"):
+        check(4096, 256)
+    assert prefill_hooks.rules_in_force is None
+
+
+def test_no_alignment_arms_no_rules(plugin):
+    with published(chunk=256) as server_args:
+        stand_in = scheduler(server_args, flashinfer_backend(), truncation_align_size=None)
+        stand_in.check_truncation_align_fits_chunk()
+    assert prefill_hooks.rules_in_force is None
 
 
 @needs_grid_rules
