@@ -14,6 +14,7 @@ import argparse
 import json
 import random
 import sys
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,6 +27,10 @@ def make_prompts(count, seed):
     return [" ".join(rng.choice(WORDS) for _ in range(n)) for n in lengths]
 
 
+class ServerError(Exception):
+    """A server could not answer; main() prints it on one line instead of a traceback."""
+
+
 def input_logprobs(server, prompt):
     body = {
         "text": prompt,
@@ -33,11 +38,13 @@ def input_logprobs(server, prompt):
         "return_logprob": True,
         "logprob_start_len": 0,
     }
-    request = urllib.request.Request(
-        server.rstrip("/") + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=600) as response:
-        meta = json.load(response)["meta_info"]
+    url = server.rstrip("/") + "/generate"
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            meta = json.load(response)["meta_info"]
+    except (OSError, ValueError) as error:  # URLError, HTTPError, timeouts, a reply that is not SGLang's JSON
+        raise ServerError(f"{url}: {getattr(error, 'reason', error)}") from None
     return [entry[0] for entry in meta["input_token_logprobs"]]
 
 
@@ -58,14 +65,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunked", required=True, help="URL of the chunked server")
     parser.add_argument("--unchunked", required=True, help="URL of the unchunked reference server")
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=16, help="number of prompts (50-3000 words each)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed for the prompts")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight in the concurrent pass")
     args = parser.parse_args()
     prompts = make_prompts(args.prompts, args.seed)
     failed = 0
     for label, concurrency in (("sequential", 1), ("concurrent", args.concurrency)):
-        mismatches = compare(args.chunked, args.unchunked, prompts, concurrency)
+        try:
+            mismatches = compare(args.chunked, args.unchunked, prompts, concurrency)
+        except ServerError as error:
+            print(f"compare_logprobs: cannot get logprobs from {error}", file=sys.stderr)
+            return 2
         print(f"{label}: {len(prompts) - mismatches}/{len(prompts)} prompts bit-identical")
         failed += mismatches
     return 1 if failed else 0

@@ -7,7 +7,13 @@ set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen3-8B}
 PORT=${PORT:-30000}
 CHUNK=${CHUNK:-256}
-export SGLANG_PLUGINS=${SGLANG_PLUGINS:-chunk_align}
+# Add chunk_align to SGLANG_PLUGINS (a comma-separated list) unless it is there already.
+PLUGINS=${SGLANG_PLUGINS:-}
+case ",${PLUGINS// /}," in
+  *,chunk_align,*) ;;
+  *) PLUGINS="${PLUGINS:+$PLUGINS,}chunk_align" ;;
+esac
+export SGLANG_PLUGINS=$PLUGINS
 exec python -m sglang.launch_server \
   --model-path "$MODEL" --port "$PORT" \
   --attention-backend flashinfer --enable-deterministic-inference \
