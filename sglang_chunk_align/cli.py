@@ -10,6 +10,7 @@ inference, using instances built without __init__ (no GPU, no model).
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import json
 import pkgutil
@@ -18,49 +19,85 @@ from importlib import metadata
 
 from packaging.specifiers import SpecifierSet
 
-from . import patches, standins
+from . import patches, prefill_hooks, standins
 from .planning import Rules, plan
-from .alignment import PREFILL_Q_TILE_TOKENS
+from .alignment import PREFILL_Q_TILE_TOKENS, chunk_size_error
 from .compat import (
-    ALLOW_UNTESTED_ENV,
-    RADIX_CACHE_ENV,
     RULES_ENV,
     SUPPORTED_SGLANG,
     ChunkAlignError,
     check_sglang_version,
-    env_flag,
+    check_switches,
     installed_version,
 )
 
-# The environment switches and their defaults (README, "Switches").
-SWITCHES = {RULES_ENV: True, RADIX_CACHE_ENV: False, ALLOW_UNTESTED_ENV: False}
+RULES_OFF = f"off ({RULES_ENV}=0)"
+# Where each scheduler takes its grid from (backends.flashinfer_q_tile_geometry); its log line names the grid.
+GRID_SOURCE = (
+    "128/gcd(128, GQA group) tokens, the group and head_dim read at scheduler start from "
+    "FlashInferAttnBackend.indices_updater_prefill (the heads fa2 prefill is planned with); "
+    "128 tokens where the backend does not say"
+)
+# SGLang's Ray scheduler actors never call load_plugins() (README, "Use it on a GPU server").
+RAY_WARNING = (
+    "Ray is installed: SGLang's Ray scheduler actors (--use-ray, RayEngine) never load plugins, "
+    "so chunk_align does not run there and their chunks keep stock alignment."
+)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="sglang-chunk-align")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_dist_version('sglang-chunk-align')}")
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser("doctor", help="check the installed SGLang and the patch points")
     doctor.add_argument("--json", action="store_true", help="print a JSON report")
     planner = commands.add_parser("plan", help="show one request's chunks, upstream and with the plugin")
-    planner.add_argument("--prompt-len", type=int, required=True, help="prompt length in tokens")
-    planner.add_argument("--cached", type=int, default=0, help="radix-cache hit length in tokens")
-    planner.add_argument("--chunk", type=int, required=True, help="per-rank --chunked-prefill-size")
-    planner.add_argument("--group", type=int, default=1, help="GQA group (q heads per KV head)")
-    planner.add_argument("--head-dim", type=int, help="model head_dim (below 256 exempts very short KV)")
+    planner.add_argument("--prompt-len", type=_at_least(1), required=True, help="prompt length in tokens")
+    planner.add_argument("--cached", type=_at_least(0), default=0, help="radix-cache hit length in tokens")
+    planner.add_argument("--chunk", type=_chunk_size, required=True, help="per-rank --chunked-prefill-size")
+    planner.add_argument("--group", type=_at_least(1), default=1, help="GQA group (q heads per KV head)")
+    planner.add_argument("--head-dim", type=_at_least(1), help="model head_dim (below 256 exempts very short KV)")
     planner.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
     if args.command == "plan":
-        return run_plan(parser, args)
+        return run_plan(planner, args)
     with contextlib.redirect_stdout(sys.stderr):  # some SGLang modules print on import
         report = run_doctor()
     print(json.dumps(report, indent=2) if args.json else format_doctor(report))
     return 0 if report["ok"] else 1
 
 
-def run_plan(parser, args):
+def _at_least(lowest):
+    """An argparse type: an integer >= lowest, so each bad argument is named on its own."""
+
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < lowest:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {lowest}")
+        return value
+
+    return parse
+
+
+def _chunk_size(text):
+    """An argparse type: a chunk the scheduler would accept, refused with the scheduler's own message."""
+    chunk = _at_least(1)(text)
+    error = chunk_size_error(chunk, align=PREFILL_Q_TILE_TOKENS, q_tile=PREFILL_Q_TILE_TOKENS)
+    if error:
+        raise argparse.ArgumentTypeError(error)
+    return chunk
+
+
+def run_plan(planner, args):
     """Chunks of one request prefilled alone: SGLang's length alignment vs the plugin's rules."""
-    if args.prompt_len < 1 or args.cached < 0 or args.group < 1 or args.chunk < PREFILL_Q_TILE_TOKENS:
-        parser.error(f"need --prompt-len >= 1, --cached >= 0, --group >= 1, --chunk >= {PREFILL_Q_TILE_TOKENS}")
+    if args.cached >= args.prompt_len:
+        planner.error(
+            f"--cached {args.cached} must be below --prompt-len {args.prompt_len}: "
+            "SGLang always prefills at least the last prompt token"
+        )
     rules = Rules(group=args.group, head_dim=args.head_dim)
     schedules = {
         "upstream length alignment": plan(args.prompt_len, args.cached, args.chunk, rules, aligned=False),
@@ -71,10 +108,10 @@ def run_plan(parser, args):
     else:
         for name, chunks in schedules.items():
             hazards = sum(bool(c.hazards) for c in chunks)
-            print(f"{name}: {len(chunks)} chunks, {hazards} with hazards")
+            print(f"{name}: {len(chunks)} chunk{'s' * (len(chunks) != 1)}, {hazards} with hazards")
             for c in chunks:
                 print(f"  [{c.start:>6}, {c.end:>6})  tile {c.tile}  {'; '.join(c.hazards) or 'ok'}")
-    return 1 if any(c.hazards for c in schedules["sglang-chunk-align"]) else 0
+    return 0
 
 
 def run_doctor():
@@ -84,28 +121,36 @@ def run_doctor():
         "supported_sglang": str(SUPPORTED_SGLANG),
         "switches": {},
         "grid_rules": None,
+        "grid": None,
         "problems": [],
-        "warnings": [],
+        "warnings": [RAY_WARNING] if importlib.util.find_spec("ray") else [],
         "patch_points": [],
         "backends": {},
     }
-    for name, default in SWITCHES.items():
-        try:
-            report["switches"][name] = int(env_flag(name, default))
-        except ChunkAlignError as error:
-            report["problems"].append(str(error))
     try:
+        report["switches"] = {name: int(value) for name, value in check_switches().items()}
         warning = check_sglang_version(version)
         if warning:
             report["warnings"].append(warning)
         patches.apply()
     except ChunkAlignError as error:
         report["problems"].append(str(error))
+    if version is not None:  # without SGLang the patch points mean nothing
+        _check_release(report, version)
+    report["ok"] = not report["problems"]
+    return report
+
+
+def _check_release(report, version):
+    """Each patch point's status and what the backends declare, on the installed release."""
+    rules_off = report["switches"].get(RULES_ENV) == 0
     applied = patches.installed_names()
-    release = patches.release_points(version) if version else []
+    release = patches.release_points(version)
     for point in patches.PATCH_POINTS:
         if point not in release:
             status = f"not for SGLang {version}"
+        elif rules_off and _is_grid_rule(point):
+            status = RULES_OFF
         elif point.name in applied:
             status = "applied"
         elif point.opt_in:
@@ -115,17 +160,21 @@ def run_doctor():
         report["patch_points"].append(
             {"name": point.name, "versions": str(point.versions), "reason": point.reason, "status": status}
         )
-    if version:
-        grid_rules = SpecifierSet(patches.GRID_RULES_RELEASES).contains(version, prereleases=True)
-        report["grid_rules"] = "available" if grid_rules else f"not on SGLang {version} (needs {patches.GRID_RULES_RELEASES})"
+    if not SpecifierSet(patches.GRID_RULES_RELEASES).contains(version, prereleases=True):
+        report["grid_rules"] = f"not on SGLang {version} (needs {patches.GRID_RULES_RELEASES})"
+    else:
+        report["grid_rules"] = RULES_OFF if rules_off else "available"
+        report["grid"] = None if rules_off else GRID_SOURCE
     if applied:
         report["backends"] = declared_alignments()
         if report["backends"].get("FlashInferAttnBackend") != 128:
             report["problems"].append("FlashInferAttnBackend does not declare 128 under deterministic inference")
         patches.remove()
-    report["problems"] = list(dict.fromkeys(report["problems"]))  # an invalid switch is seen twice
-    report["ok"] = not report["problems"]
-    return report
+
+
+def _is_grid_rule(point):
+    """A point that only runs planning.py's grid rules, which SGLANG_CHUNK_ALIGN_RULES=0 turns off."""
+    return getattr(point.wrapper, "__module__", None) == prefill_hooks.__name__
 
 
 def declared_alignments():
@@ -156,8 +205,13 @@ def format_doctor(report):
     lines += [f"  {name:<20} {version or 'not installed'}" for name, version in report["versions"].items()]
     lines.append(f"  supported SGLang     {report['supported_sglang']}")
     lines += [f"  {name}={value}" for name, value in report["switches"].items()]
-    lines.append(f"  grid rules           {report['grid_rules']}")
-    lines.append("patch points:")
+    if report["versions"]["sglang"] is None:
+        lines.append("patch points: not checked (SGLang not installed)")
+    else:
+        lines.append(f"  grid rules           {report['grid_rules']}")
+        if report["grid"]:
+            lines.append(f"  grid                 {report['grid']}")
+        lines.append("patch points:")
     lines += [
         f"  [{p['status']}] {p['name']}  ({p['versions'] or 'all releases'}: {p['reason']})" for p in report["patch_points"]
     ]

@@ -19,10 +19,23 @@ ALLOW_UNTESTED_ENV = "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED"
 RULES_ENV = "SGLANG_CHUNK_ALIGN_RULES"
 # Set to 1 to turn the radix cache back on under deterministic flashinfer.
 RADIX_CACHE_ENV = "SGLANG_CHUNK_ALIGN_RADIX_CACHE"
+# The environment switches and their defaults (README, "Switches").
+SWITCHES = {RULES_ENV: True, RADIX_CACHE_ENV: False, ALLOW_UNTESTED_ENV: False}
 
 
 class ChunkAlignError(RuntimeError):
-    """The plugin cannot make this SGLang align chunks correctly."""
+    """The plugin cannot make this SGLang align chunks correctly.
+
+    `remedy` is what the user should do; the failure guard repeats it when the
+    scheduler refuses to start, so it must name the actual cause.
+    """
+
+    remedy = "Install a supported SGLang, or drop chunk_align from SGLANG_PLUGINS."
+
+    def __init__(self, message, remedy=None):
+        super().__init__(message)
+        if remedy is not None:
+            self.remedy = remedy
 
 
 def installed_version(dist="sglang"):
@@ -47,8 +60,22 @@ def env_flag(name, default):
     return default if raw == "" else raw == "1"
 
 
-def allow_untested():
-    return env_flag(ALLOW_UNTESTED_ENV, False)
+def check_switches():
+    """Every switch's value (name -> bool); one ChunkAlignError naming each invalid value.
+
+    Called at load time (check_sglang_version, the first step of apply()),
+    so a typo fails there rather than when the scheduler first reads it.
+    """
+    values, errors = {}, []
+    for name, default in SWITCHES.items():
+        try:
+            values[name] = env_flag(name, default)
+        except ChunkAlignError as error:
+            errors.append(str(error))
+    if errors:
+        bad = ", ".join(name for name in SWITCHES if name not in values)
+        raise ChunkAlignError(" ".join(errors), remedy=f"Fix {bad} (1 or 0, or unset).")
+    return values
 
 
 def check_sglang_version(version):
@@ -57,15 +84,18 @@ def check_sglang_version(version):
     Raises ChunkAlignError for a missing, older or (without the override)
     newer SGLang.
     """
-    override = allow_untested()  # validated even when not needed
+    override = check_switches()[ALLOW_UNTESTED_ENV]  # every switch is validated, needed or not
     if version is None:
-        raise ChunkAlignError("SGLang is not installed: install sglang first.")
+        raise ChunkAlignError(
+            "SGLang is not installed: install sglang first.", remedy=f"Install SGLang ({SUPPORTED_SGLANG})."
+        )
     if SUPPORTED_SGLANG.contains(version, prereleases=True):
         return None
     if version < _lowest_supported():
         raise ChunkAlignError(
             f"SGLang {version} is older than sglang-chunk-align supports "
-            f"({SUPPORTED_SGLANG}); upgrade SGLang."
+            f"({SUPPORTED_SGLANG}); upgrade SGLang.",
+            remedy=f"Upgrade SGLang to a supported release ({SUPPORTED_SGLANG}), or drop chunk_align from SGLANG_PLUGINS.",
         )
     if override:
         return (
@@ -74,7 +104,8 @@ def check_sglang_version(version):
         )
     raise ChunkAlignError(
         f"SGLang {version} is newer than the tested range ({SUPPORTED_SGLANG}). "
-        f"Upgrade sglang-chunk-align, or set {ALLOW_UNTESTED_ENV}=1 to try it."
+        f"Upgrade sglang-chunk-align, or set {ALLOW_UNTESTED_ENV}=1 to try it.",
+        remedy=f"Upgrade sglang-chunk-align, set {ALLOW_UNTESTED_ENV}=1, or drop chunk_align from SGLANG_PLUGINS.",
     )
 
 

@@ -4,6 +4,9 @@ SGLang's load_plugins() calls load() in every process that loads plugins
 (the launcher and each scheduler rank), logs any exception and carries on.
 So a failure is logged as an ERROR here, and a guard makes the scheduler
 refuse deterministic flashinfer instead of running stock alignment silently.
+The guard gets the error itself, whose `remedy` (compat.ChunkAlignError)
+names what to fix for that cause: a bad switch, an unsupported SGLang, a
+missing patch point.
 """
 
 import logging
