@@ -130,6 +130,8 @@ PATCH_POINTS = (
     _wrap(_SCHEDULER, "Scheduler.check_truncation_align_fits_chunk",
           scheduler_hooks.check_chunk_serves_alignment(rules_available=True),
           "as before, and it activates the grid rules below", GRID_RULES_RELEASES),
+    _wrap("sglang.srt.entrypoints.engine", "Engine._launch_subprocesses", scheduler_hooks.refuse_ray_schedulers,
+          "Ray scheduler actors never load plugins: refuse deterministic flashinfer there, never run stock"),
     # The grid rules (planning.py), where SGLang has every admission path they need.
     _wrap("sglang.srt.managers.schedule_batch", "match_kv_cache", prefill_hooks.match_on_grid,
           "a radix hit may end anywhere; Req.init_next_round_input calls this module binding", GRID_RULES_RELEASES),
@@ -272,7 +274,7 @@ def _resolve(point, version):
             f"({type(error).__name__}: {error}); nothing was patched."
         ) from error
     stock = owner.__dict__.get(attribute, _ABSENT)
-    if point.wrapper is not None and not callable(stock):
+    if point.wrapper is not None and not (callable(stock) or isinstance(stock, classmethod)):
         raise ChunkAlignError(
             f"SGLang {version}: patch point {point.name} is missing: "
             f"no function {attribute} there; nothing was patched."

@@ -162,11 +162,28 @@ def refuse_deterministic_flashinfer(error):
             raise RuntimeError(
                 f"sglang-chunk-align is selected (SGLANG_PLUGINS) but could not patch SGLang: "
                 f"{error} Refusing to start deterministic flashinfer with stock chunk "
-                f"alignment. Install a supported SGLang, or drop chunk_align from SGLANG_PLUGINS."
+                f"alignment. {error.remedy}"
             )
         return wrapped(*args, **kwargs)
 
     return refuse
+
+
+def refuse_ray_schedulers(wrapped, instance, args, kwargs):
+    """Wraps the classmethod Engine._launch_subprocesses (`instance` is the class), in the launcher.
+
+    SGLang's Ray scheduler actors never call load_plugins(), so the plugin
+    cannot run where the chunks are cut; deterministic flashinfer there would
+    silently run stock alignment.
+    """
+    server_args = kwargs.get("server_args", args[0] if args else None)
+    if instance.__module__.startswith("sglang.srt.ray.") and _is_deterministic_flashinfer(server_args):
+        raise RuntimeError(
+            "sglang-chunk-align is selected (SGLANG_PLUGINS), but SGLang's Ray scheduler actors never "
+            "load plugins, so it cannot align their prefill chunks. Refusing to start deterministic "
+            "flashinfer with Ray: launch without --use-ray / RayEngine, or drop chunk_align from SGLANG_PLUGINS."
+        )
+    return wrapped(*args, **kwargs)
 
 
 def _is_deterministic_flashinfer(server_args):

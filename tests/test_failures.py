@@ -108,9 +108,57 @@ def test_failed_load_through_sglang_loader_is_logged_as_an_error(fresh_python):
     assert result.stdout.strip().endswith(repr([patches.FAILURE_GUARD.name]))
 
 
+@pytest.mark.parametrize("switch, value", [("SGLANG_CHUNK_ALIGN_RULES", "yes"), ("SGLANG_CHUNK_ALIGN_RADIX_CACHE", "2")])
+def test_invalid_switch_fails_at_load_through_sglang_loader(fresh_python, switch, value):
+    """Every switch is checked when SGLang loads the plugin, not later when the scheduler reads it."""
+    result = fresh_python(
+        "import sglang_chunk_align.patches as patches\n"
+        "from sglang.srt.plugins import load_plugins\n"
+        "load_plugins()\n"
+        "print(sorted(patches.installed_names()))\n",
+        SGLANG_PLUGINS="chunk_align", **{switch: value},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"sglang-chunk-align FAILED: {switch}={value!r} is not valid: use 1 or 0" in result.stderr
+    assert result.stdout.strip().endswith(repr([patches.FAILURE_GUARD.name]))
+
+
+def test_failed_load_carries_the_remedy_for_its_cause(monkeypatch, sglang_version):
+    """The failure guard repeats error.remedy, so it must name what actually went wrong."""
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "yes")
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED", "no")
+    with pytest.raises(ChunkAlignError) as bad_switch:
+        plugin.load()
+    assert "SGLANG_CHUNK_ALIGN_RULES='yes'" in str(bad_switch.value)
+    assert "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='no'" in str(bad_switch.value)
+    assert bad_switch.value.remedy == "Fix SGLANG_CHUNK_ALIGN_RULES, SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED (1 or 0, or unset)."
+    patches.remove()
+    monkeypatch.delenv("SGLANG_CHUNK_ALIGN_RULES")
+    monkeypatch.delenv("SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED")
+    sglang_version(UNSUPPORTED_OLDER)
+    with pytest.raises(ChunkAlignError) as older:
+        plugin.load()
+    assert older.value.remedy.startswith("Upgrade SGLang to a supported release")
+
+
 def test_failure_guard_lets_other_configurations_start():
     from sglang_chunk_align.scheduler_hooks import _is_deterministic_flashinfer
 
     for deterministic, fields in ((False, {}), (True, {"attention_backend": "fa3"}), (True, {"attention_backend": "triton"})):
         with published(deterministic=deterministic, **fields) as server_args:
             assert not _is_deterministic_flashinfer(server_args)
+
+
+def test_ray_schedulers_are_refused_under_deterministic_flashinfer(plugin):
+    """Ray's scheduler actors never load plugins; RayEngine (which needs ray) is stood in for by a
+    subclass that lives where it does."""
+    from sglang.srt.entrypoints.engine import Engine
+
+    ray_engine = type("RayEngine", (Engine,), {"__module__": "sglang.srt.ray.engine"})
+    with published(deterministic=True) as server_args:
+        with pytest.raises(RuntimeError, match="Ray scheduler actors never load plugins"):
+            ray_engine._launch_subprocesses(server_args, None, None, None)
+    with published(deterministic=False) as server_args:
+        with pytest.raises(Exception) as stock_ran:  # stock goes on, and fails on the missing launchers
+            ray_engine._launch_subprocesses(server_args, None, None, None)
+        assert "Ray scheduler actors" not in str(stock_ran.value)

@@ -40,6 +40,7 @@ if not os.environ.get(WHEELS_ENV):
 # function takes exactly these; names after "*" must be accepted by keyword.
 SIGNATURES = {
     "Scheduler.__init__": "self, server_args, ...",
+    "Engine._launch_subprocesses": "cls, server_args, ...",
     "Scheduler.init_deterministic_inference_config": "self",
     "Scheduler.check_truncation_align_fits_chunk": "self",
     "PrefillAdder._select_prefill_admission": "self, req, ...",
