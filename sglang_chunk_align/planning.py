@@ -141,7 +141,8 @@ class Chunk:
 
 def plan(prompt_len, cached, chunk, rules, aligned=True):
     """The chunks of one request prefilled alone: with the plugin's rules, or
-    (aligned=False) as SGLang's length alignment cuts them."""
+    (aligned=False) as SGLang's length alignment cuts them. `chunk` is at least
+    the 128-token alignment (cli checks it), so every extend is non-empty."""
     if aligned:
         start = usable_prefix(cached, prompt_len, rules)
     else:
@@ -153,19 +154,15 @@ def plan(prompt_len, cached, chunk, rules, aligned=True):
         else:
             end = min(prompt_len, start + chunk // PREFILL_Q_TILE_TOKENS * PREFILL_Q_TILE_TOKENS)
         chunks.append(_describe(start, end, prompt_len, rules))
-        if end == start:
-            break
         start = end
     return chunks
 
 
 def _describe(start, end, prompt_len, rules):
-    tile = rules.batch_tile([end - start]) if end > start else None
+    tile = rules.batch_tile([end - start])
     hazards = []
-    if end == start:
-        hazards.append("no grid cut fits the budget")
     if start % q_tile_grid(rules.group):
         hazards.append("starts off the q-tile grid")
-    if tile is not None and end > rules.exempt_kv and tile != rules.solo_tile(prompt_len):
+    if end > rules.exempt_kv and tile != rules.solo_tile(prompt_len):
         hazards.append(f"runs on the {tile}-row tile, solo prefill on {rules.solo_tile(prompt_len)}")
     return Chunk(start, end, tile, tuple(hazards))

@@ -168,6 +168,8 @@ def keep_solo_tiles(wrapped, instance, args, kwargs):
     The candidate's extend is not known before admission, but it is at least
     min(remaining, min_tail) tokens; the batch tile only grows with it, and
     any conflict this bound misses is the candidate's own, which it catches.
+    Its KV is taken as its whole prompt, so that the short-KV exemption
+    never excuses it on the strength of that lower bound.
     """
     if rules_in_force is None or not instance.can_run_list:
         return wrapped(*args, **kwargs)
@@ -175,7 +177,7 @@ def keep_solo_tiles(wrapped, instance, args, kwargs):
     prompt_len = len(req.full_untruncated_fill_ids)
     start = req.prefix_len + req.host_hit_length
     extend = min(prompt_len - start, rules_in_force.min_tail)
-    members = [_member(r) for r in instance.can_run_list] + [(extend, start + extend, prompt_len)]
+    members = [_member(r) for r in instance.can_run_list] + [(extend, prompt_len, prompt_len)]
     if tile_conflicts(members, rules_in_force):
         logger.debug("sglang-chunk-align: deferring %s to keep batch members on their solo tiles", req.rid)
         return _add_req_result().OTHER
