@@ -37,9 +37,7 @@ from dataclasses import asdict
 
 from .analysis import predict_hazards, prediction_summary, schedule_stats
 from .scheduling import donor_runs, load_requests, schedule_workload
-from .workload import (
-    CONFIGS, FULL_WORKLOAD, SHAPES, SMALL_WORKLOAD, UNCAPPED_KV_TOKENS, WORKLOAD_SEED, ModelShape, WorkloadSpec,
-)
+from .workload import CONFIGS, SHAPES, UNCAPPED_KV_TOKENS, WORKLOAD_SEED, WORKLOADS, ModelShape, WorkloadSpec
 
 # ---------------------------------------------------------------------------
 # Phase 2: replay on the GPU
@@ -206,7 +204,11 @@ def _max_abs(a, b):
 
 
 def replay(doc, shapes=SHAPES, device="cuda", make_kernel=Fa2PagedPrefill):
-    """Measure every schedule in `doc` on every model shape; a list of result rows."""
+    """Measure every schedule in `doc` on every model shape it was made for; a list of result rows.
+
+    SGLang plans fa2 with page size 1 (token-level KV indices) whatever its
+    KV page size, so a schedule made with page size 16 replays the same way.
+    """
     requests = load_requests(doc)
     rows = []
     for shape in shapes:
@@ -214,6 +216,8 @@ def replay(doc, shapes=SHAPES, device="cuda", make_kernel=Fa2PagedPrefill):
         kernel = make_kernel(shape, device)
         solo = {}
         for schedule in doc["schedules"]:
+            if schedule["shape"] not in (None, shape.name):
+                continue
             split = schedule["fixed_split"]
             if split not in solo:  # each request alone and unchunked, same fixed split
                 alone = [[(rid, 0, r.prompt_len)] for rid, r in requests.items()]
@@ -225,6 +229,7 @@ def replay(doc, shapes=SHAPES, device="cuda", make_kernel=Fa2PagedPrefill):
             del out
             hazards = predict_hazards(schedule, requests, shape)
             rows.append(dict(
+                workload=doc["meta"]["name"], page_size=schedule["page_size"],
                 shape=shape.name, config=schedule["config"], radix=schedule["radix"],
                 exact_pct=round(100 * sum(p["exact"] for p in per_request.values()) / len(per_request), 1),
                 rows_mismatched=sum(p["own_bad"] for p in per_request.values()),
@@ -264,27 +269,47 @@ def _table(header, rows):
 
 
 def schedule_report(doc, shapes=SHAPES):
-    """Schedule statistics and predicted hazards, one row per (radix, configuration)."""
+    """Schedule statistics and predicted hazards, one row per schedule (page, radix, configuration, shape)."""
     requests = load_requests(doc)
-    header = ["radix", "config", "chunk", "align", "split", "prefill steps", "decode steps", "mean batch",
-              "chunked reqs", "starts off 128", "short cuts", "radix hit tokens", "retracted"]
+    header = ["page", "radix", "config", "shape", "chunk", "align", "split", "prefill steps", "decode steps",
+              "mean batch", "chunked reqs", "starts off 128", "short cuts", "radix hit tokens", "retracted"]
     header += [f"predicted exact % {s.name} (tile/off-grid/donor)" for s in shapes]
     rows = []
     for schedule in doc["schedules"]:
         stats = schedule_stats(schedule, requests)
-        row = ["on" if schedule["radix"] else "off", schedule["config"], schedule["chunk"],
+        row = [schedule["page_size"], "on" if schedule["radix"] else "off", schedule["config"], schedule["shape"],
+               schedule["chunk"],
                schedule["truncation_align_size"], schedule["fixed_split"], stats["prefill_steps"],
                stats["decode_steps"], stats["mean_batch"], stats["chunked_requests"],
                stats["starts_off_128"], stats["short_cuts"], stats["radix_hit_tokens"], stats["retracted"]]
         for shape in shapes:
             p = prediction_summary(predict_hazards(schedule, requests, shape))
-            row.append("n/a" if p["predicted_exact_pct"] is None
+            row.append("-" if schedule["shape"] not in (None, shape.name)
+                       else "n/a" if p["predicted_exact_pct"] is None
                        else f"{p['predicted_exact_pct']} ({p['tile']}/{p['off_grid']}/{p['donor']})")
         rows.append(row)
     return _table(header, rows)
 
 
-RESULT_COLUMNS = ("shape", "radix", "config", "exact_pct", "predicted_exact_pct", "rows_mismatched",
+def cost_report(doc, shapes=SHAPES, against="upstream-128"):
+    """What the grid rules cost against length alignment alone, per (page, shape), radix on: the
+    prefill steps, and the cached tokens they give up (reuse rounded to the grid and recomputed)."""
+    by_key = {(s["page_size"], s["radix"], s["config"], s["shape"]): s for s in doc["schedules"]}
+    header = ["page", "shape", "config", "prefill steps", f"vs {against}", "cached tokens reused",
+              "cached tokens given up"]
+    rows = []
+    for (page, radix, config, shape), schedule in by_key.items():
+        baseline = by_key.get((page, radix, against, None))
+        if not radix or shape is None or baseline is None or schedule["chunk"] != baseline["chunk"]:
+            continue
+        given_up = 1 - schedule["radix_hit_tokens"] / max(1, baseline["radix_hit_tokens"])
+        rows.append([page, shape, config, schedule["prefill_steps"],
+                     f"{schedule['prefill_steps'] / baseline['prefill_steps']:.3f}x",
+                     f"{schedule['radix_hit_tokens']} / {baseline['radix_hit_tokens']}", f"{100 * given_up:.1f}%"])
+    return _table(header, rows)
+
+
+RESULT_COLUMNS = ("workload", "page_size", "shape", "radix", "config", "exact_pct", "predicted_exact_pct", "rows_mismatched",
                   "inherited_rows_mismatched", "max_abs_diff", "kernel_ms", "plan_calls", "prefill_steps")
 
 
@@ -302,26 +327,27 @@ def results_table(rows):
 
 
 def summary_table(rows):
-    """One row per (radix, configuration): exact % per shape as measured (and as predicted), and
-    the requests the tile rule called clear that still came out inexact, per shape."""
+    """One row per (workload, page, radix, configuration): exact % per shape as measured (and as
+    predicted), and the requests the tile rule called clear that still came out inexact, per shape."""
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     groups = {}
     for r in rows:
-        groups.setdefault((r["radix"], r["config"]), {})[r["shape"]] = r
-    header = ["radix", "config", *(f"exact % {s} (predicted)" for s in shapes), "rows mismatched",
-              "inherited rows mismatched", "clear but inexact", "max abs diff", f"kernel ms {shapes[0]}",
-              "plan calls", "prefill steps"]
+        groups.setdefault((r["workload"], r["page_size"], r["radix"], r["config"]), {})[r["shape"]] = r
+    header = ["workload", "page", "radix", "config", *(f"exact % {s} (predicted)" for s in shapes),
+              "rows mismatched", "inherited rows mismatched", "clear but inexact", "max abs diff",
+              f"prefill steps {' / '.join(shapes)}"]
     table = []
-    for (radix, config), by_shape in groups.items():
-        first = by_shape[shapes[0]]
+    for (workload, page, radix, config), by_shape in groups.items():
+        cells = [by_shape.get(s) for s in shapes]
         table.append([
-            "on" if radix else "off", config,
-            *(f"{by_shape[s]['exact_pct']} ({by_shape[s]['predicted_exact_pct'] or '-'})" for s in shapes),
-            " / ".join(str(by_shape[s]["rows_mismatched"]) for s in shapes),
-            " / ".join(str(by_shape[s]["inherited_rows_mismatched"]) for s in shapes),
-            " / ".join(str((by_shape[s]["prediction_check"] or {}).get("clear_inexact", "-")) for s in shapes),
-            f"{max(by_shape[s]['max_abs_diff'] for s in shapes):.3g}",
-            first["kernel_ms"], first["plan_calls"], first["prefill_steps"],
+            workload, page, "on" if radix else "off", config,
+            *("-" if r is None else f"{r['exact_pct']} ({r['predicted_exact_pct'] or '-'})" for r in cells),
+            " / ".join("-" if r is None else str(r["rows_mismatched"]) for r in cells),
+            " / ".join("-" if r is None else str(r["inherited_rows_mismatched"]) for r in cells),
+            " / ".join("-" if r is None else str((r["prediction_check"] or {}).get("clear_inexact", "-"))
+                       for r in cells),
+            f"{max(r['max_abs_diff'] for r in cells if r is not None):.3g}",
+            " / ".join("-" if r is None else str(r["prefill_steps"]) for r in cells),
         ])
     return _table(header, table)
 
@@ -336,13 +362,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sched = sub.add_parser("schedule", help="CPU: schedule with SGLang's PrefillAdder, print stats and predicted hazards")
-    sched.add_argument("--small", action="store_true", help="the small CI workload")
+    sched.add_argument("--workload", choices=WORKLOADS, default="mixed", help="which workload (small: CI's)")
+    sched.add_argument("--page-sizes", nargs="+", type=int, default=[1], help="SGLang KV page sizes")
     sched.add_argument("--uncapped", action="store_true", help="no cap on KV memory")
     sched.add_argument("--out", help="write the schedule document (JSON) here")
     sched.add_argument("--configs", nargs="+", choices=[c.name for c in CONFIGS],
                        default=[c.name for c in CONFIGS], help="schedule only these configurations")
     rep = sub.add_parser("replay", help="GPU: replay a schedule document through flashinfer fa2")
-    rep.add_argument("--schedules", required=True)
+    rep.add_argument("--schedules", nargs="+", required=True, help="schedule documents (JSON)")
     rep.add_argument("--json", help="write the results (JSON) here")
     rep.add_argument("--shapes", nargs="+", choices=[s.name for s in SHAPES], default=[s.name for s in SHAPES])
     show = sub.add_parser("report", help="print the tables of a results document (JSON)")
@@ -356,12 +383,13 @@ def main(argv=None):
         return 0
 
     if args.command == "schedule":
-        spec = SMALL_WORKLOAD if args.small else FULL_WORKLOAD
+        spec = WORKLOADS[args.workload]
         if args.uncapped:
             spec = WorkloadSpec(**{**asdict(spec), "kv_tokens": UNCAPPED_KV_TOKENS})
         start = time.perf_counter()
-        doc = schedule_workload(spec, [c for c in CONFIGS if c.name in args.configs])
-        print(schedule_report(doc))
+        configs = [c for c in CONFIGS if c.name in args.configs]
+        doc = schedule_workload(spec, configs, page_sizes=args.page_sizes, name=args.workload)
+        print(f"{schedule_report(doc)}\n\n{cost_report(doc)}")
         print(f"\nscheduled {len(doc['requests'])} requests x {len(doc['schedules'])} schedules "
               f"in {time.perf_counter() - start:.1f} s (SGLang {doc['meta']['sglang']})")
         if args.out:
@@ -377,17 +405,19 @@ def main(argv=None):
     if flashinfer is None or not torch.cuda.is_available():
         print("replay needs CUDA and flashinfer; `schedule` is the CPU-only mode", file=sys.stderr)
         return 2
-    with open(args.schedules) as f:
-        doc = json.load(f)
     start, rows = time.perf_counter(), []
-    meta = dict(doc["meta"], gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                flashinfer=flashinfer.__version__)
-    for shape in SHAPES:
-        if shape.name in args.shapes:
-            rows += replay(doc, [shape])
-            meta["replay_s"] = round(time.perf_counter() - start, 1)
-            if args.json:  # after each shape, so a run cut short keeps what it measured
-                _write_json(args.json, dict(meta=meta, rows=rows))
+    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, flashinfer=flashinfer.__version__,
+                schedules={})
+    for path in args.schedules:
+        with open(path) as f:
+            doc = json.load(f)
+        meta["schedules"][doc["meta"]["name"]] = doc["meta"]
+        for shape in SHAPES:
+            if shape.name in args.shapes:
+                rows += replay(doc, [shape])
+                meta["replay_s"] = round(time.perf_counter() - start, 1)
+                if args.json:  # after each shape, so a run cut short keeps what it measured
+                    _write_json(args.json, dict(meta=meta, rows=rows))
     print(f"\n{meta}\n\n{summary_table(rows)}\n\n{results_table(rows)}")
     return 0
 

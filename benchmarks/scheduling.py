@@ -16,17 +16,18 @@ import subprocess
 from contextlib import contextmanager
 from dataclasses import asdict
 from types import SimpleNamespace
+from typing import Optional
 
 from sglang_chunk_align import standins
 
 from .workload import (
-    CONFIGS, OUTPUT_BASE, VOCAB_SIZE, WORKLOAD_SEED, RequestSpec, SchedulingConfig, WorkloadSpec,
+    CONFIGS, OUTPUT_BASE, SHAPES, VOCAB_SIZE, WORKLOAD_SEED, ModelShape, RequestSpec, SchedulingConfig, WorkloadSpec,
     group_token_lists, make_workload, prompt_tokens,
 )
 
 
 @contextmanager
-def sglang_config(cfg: SchedulingConfig, radix: bool):
+def sglang_config(cfg: SchedulingConfig, radix: bool, page_size: int = 1):
     """Publish real ServerArgs for `cfg`, with its env var and the plugin, and undo all of it."""
     env = {
         "SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE": cfg.split_tile_env,
@@ -44,7 +45,9 @@ def sglang_config(cfg: SchedulingConfig, radix: bool):
 
         plugin.apply()
     try:
-        with standins.published(cfg.deterministic, cfg.chunk, disable_radix_cache=not radix) as server_args:
+        with standins.published(
+            cfg.deterministic, cfg.chunk, disable_radix_cache=not radix, page_size=page_size
+        ) as server_args:
             yield server_args
     finally:
         if plugin is not None:
@@ -56,9 +59,12 @@ def sglang_config(cfg: SchedulingConfig, radix: bool):
                 os.environ[name] = value
 
 
-def truncation_align_size(server_args):
-    """Run the Scheduler's own alignment steps (patched by the plugin when applied) on stand-ins."""
-    return standins.run_alignment_steps(standins.scheduler(server_args, standins.flashinfer_backend()))
+def truncation_align_size(server_args, shape: Optional[ModelShape] = None, page_size: int = 1):
+    """Run the Scheduler's own alignment steps (patched by the plugin when applied) on stand-ins,
+    with a backend that plans prefill for `shape` (None: a backend that does not say)."""
+    planned = (shape.num_qo_heads, shape.num_kv_heads, shape.head_dim) if shape else None
+    backend = standins.flashinfer_backend(planned=planned)
+    return standins.run_alignment_steps(standins.scheduler(server_args, backend, page_size=page_size))
 
 
 class SchedulerDriver:
@@ -70,11 +76,12 @@ class SchedulerDriver:
     no prefill batch forms, as in SGLang; a decode step only grows KV.
     """
 
-    def __init__(self, spec: WorkloadSpec, cfg: SchedulingConfig, radix: bool, align):
+    def __init__(self, spec: WorkloadSpec, cfg: SchedulingConfig, radix: bool, align, page_size: int = 1):
         import torch
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.schedule_policy import SchedulePolicy
         from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -83,19 +90,24 @@ class SchedulerDriver:
         from sglang.srt.runtime_context import get_schedule
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-        self.cfg, self.align = cfg, align
+        self.cfg, self.align, self.page_size = cfg, align, page_size
         self.chunk = get_schedule().chunked_prefill_size
         self.max_prefill_tokens = get_schedule().max_prefill_tokens
         self.max_running = spec.max_running_requests
         # KV holds one 1x1 head: the scheduler reads indices, never values.
-        kv = MHATokenToKVPool(spec.kv_tokens, 1, torch.bfloat16, 1, 1, 1, "cpu", False)
-        self.allocator = TokenToKVPoolAllocator(spec.kv_tokens, torch.bfloat16, "cpu", kv, need_sort=False)
+        kv = MHATokenToKVPool(spec.kv_tokens, page_size, torch.bfloat16, 1, 1, 1, "cpu", False)
+        if page_size == 1:
+            self.allocator = TokenToKVPoolAllocator(spec.kv_tokens, torch.bfloat16, "cpu", kv, need_sort=False)
+        else:
+            self.allocator = PagedTokenToKVPoolAllocator(
+                spec.kv_tokens, page_size, torch.bfloat16, "cpu", kv, need_sort=False
+            )
         self.req_pool = ReqToTokenPool(spec.max_running_requests, spec.max_prompt + spec.max_output + 8, "cpu", False)
         self.tree = UnifiedRadixCache(CacheInitParams(
             disable=not radix,
             req_to_token_pool=self.req_pool,
             token_to_kv_pool_allocator=self.allocator,
-            page_size=1,
+            page_size=page_size,
             chunked_prefill_size=self.chunk,
             tree_components=(ComponentType.FULL,),
         ))
@@ -110,8 +122,8 @@ class SchedulerDriver:
         self.running = self.new_batch([])
         self.waiting, self.chunked_req, self.last_prefill = [], None, None
         # Which request computed the KV in each slot, and at which position.
-        self.slot_rid = torch.full((spec.kv_tokens + 1,), -1, dtype=torch.int64)
-        self.slot_pos = torch.full((spec.kv_tokens + 1,), -1, dtype=torch.int64)
+        self.slot_rid = torch.full((spec.kv_tokens + page_size,), -1, dtype=torch.int64)
+        self.slot_pos = torch.full((spec.kv_tokens + page_size,), -1, dtype=torch.int64)
         self.steps, self.donors = [], {}
         self.extended_to = {}  # rid -> end of its last extend while it holds its KV row
         self.stats = dict(prefill_steps=0, decode_steps=0, retracted=0, aborted=[], radix_hit_tokens=0)
@@ -192,7 +204,7 @@ class SchedulerDriver:
             return None
         self.policy.calc_priority(self.waiting, running)
         adder = PrefillAdder(
-            1, self.tree, self.allocator, running, self.ratio.current, self.max_prefill_tokens,
+            self.page_size, self.tree, self.allocator, running, self.ratio.current, self.max_prefill_tokens,
             self.chunk, 0, 0, max_prefill_bs=0, max_running_requests=self.max_running,
             waiting_queue_len=len(self.waiting),
         )
@@ -313,25 +325,34 @@ class SchedulerDriver:
                 release_kv_cache(req, self.tree, checkpoint=True)
 
 
-def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, True)):
-    """Schedule the workload under every configuration; the schedule document."""
+def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, True), page_sizes=(1,), shapes=SHAPES,
+                      name="mixed"):
+    """Schedule the workload under every configuration; the schedule document.
+
+    With the grid rules the schedule depends on the model shape (the grid is
+    counted in packed rows), so those configurations are scheduled once per
+    shape; the others once, with "shape" None.
+    """
     from importlib import metadata
 
     requests, group_lens = make_workload(spec)
     groups = group_token_lists(group_lens)
     arrivals = [(request, prompt_tokens(request, groups)) for request in requests]
     schedules = []
-    for radix in radix_modes:
-        for cfg in configs:
-            with sglang_config(cfg, radix) as server_args:
-                align = truncation_align_size(server_args)
-                result = SchedulerDriver(spec, cfg, radix, align).run(arrivals)
-            schedules.append(dict(
-                config=cfg.name, radix=radix, chunk=cfg.chunk, fixed_split=cfg.fixed_split,
-                truncation_align_size=align, plugin=cfg.plugin, **result,
-            ))
+    for page_size in page_sizes:
+        for radix in radix_modes:
+            for cfg in configs:
+                for shape in shapes if cfg.plugin and cfg.rules else (None,):
+                    with sglang_config(cfg, radix, page_size) as server_args:
+                        align = truncation_align_size(server_args, shape, page_size)
+                        result = SchedulerDriver(spec, cfg, radix, align, page_size).run(arrivals)
+                    schedules.append(dict(
+                        config=cfg.name, radix=radix, page_size=page_size, shape=shape and shape.name,
+                        chunk=cfg.chunk, fixed_split=cfg.fixed_split, truncation_align_size=align,
+                        plugin=cfg.plugin, **result,
+                    ))
     return dict(
-        meta=dict(sglang=metadata.version("sglang"), seed=WORKLOAD_SEED, workload=asdict(spec),
+        meta=dict(name=name, sglang=metadata.version("sglang"), seed=WORKLOAD_SEED, workload=asdict(spec),
                   checkout=checkout_state()),
         requests=[asdict(request) for request in requests],
         group_lens=group_lens,

@@ -27,6 +27,9 @@ class WorkloadSpec:
     wave_gap_steps: int  # scheduler steps between waves
     kv_tokens: int  # KV pool size: the cap on KV memory
     max_running_requests: int
+    # Multi-turn chat when above 0: each prefix group is one conversation of this many
+    # turns, every turn's prompt extends the one before, and turn t arrives in wave t.
+    turns: int = 0
 
 
 FULL_WORKLOAD = WorkloadSpec(
@@ -38,6 +41,16 @@ SMALL_WORKLOAD = WorkloadSpec(
     n_requests=40, max_prompt=2048, n_prefix_groups=4, shared_fraction=0.6,
     max_output=16, n_waves=4, wave_gap_steps=16, kv_tokens=8192, max_running_requests=32,
 )
+# Multi-turn chat: radix hits come from earlier turns of the same conversation.
+CHAT_WORKLOAD = WorkloadSpec(
+    n_requests=96, max_prompt=8192, n_prefix_groups=24, shared_fraction=1.0,
+    max_output=64, n_waves=4, wave_gap_steps=256, kv_tokens=32768, max_running_requests=128, turns=4,
+)
+SMALL_CHAT_WORKLOAD = WorkloadSpec(
+    n_requests=24, max_prompt=2048, n_prefix_groups=8, shared_fraction=1.0,
+    max_output=16, n_waves=3, wave_gap_steps=64, kv_tokens=8192, max_running_requests=32, turns=3,
+)
+WORKLOADS = {"mixed": FULL_WORKLOAD, "chat": CHAT_WORKLOAD, "small": SMALL_WORKLOAD, "small-chat": SMALL_CHAT_WORKLOAD}
 UNCAPPED_KV_TOKENS = 1 << 20
 
 # Token ids: group prefixes and random suffixes draw from [RANDOM_TOKEN_LOW,
@@ -65,6 +78,8 @@ def log_uniform_int(rng, low, high):
 
 def make_workload(spec: WorkloadSpec, seed: int = WORKLOAD_SEED):
     """(requests, group prefix lengths); deterministic in (spec, seed)."""
+    if spec.turns:
+        return make_chat_workload(spec, seed)
     rng = random.Random(seed)
     group_lens = [log_uniform_int(rng, 32, spec.max_prompt // 2) for _ in range(spec.n_prefix_groups)]
     per_wave = math.ceil(spec.n_requests / spec.n_waves)
@@ -82,6 +97,28 @@ def make_workload(spec: WorkloadSpec, seed: int = WORKLOAD_SEED):
             output_len=log_uniform_int(rng, 1, spec.max_output),
         ))
     return requests, group_lens
+
+
+def make_chat_workload(spec: WorkloadSpec, seed: int = WORKLOAD_SEED):
+    """Conversations: a system prompt, then one user message per turn; turn t's prompt is the
+    conversation so far, drawn from its group, and ends in the request's own marker token, so
+    the next turn's radix hit covers this turn's prompt but its last token."""
+    rng = random.Random(f"{seed}/chat")
+    conversations = []
+    for _ in range(spec.n_prefix_groups):
+        lengths = [log_uniform_int(rng, 32, spec.max_prompt // 4)]
+        lengths += [log_uniform_int(rng, 1, spec.max_prompt // (2 * spec.turns)) for _ in range(spec.turns)]
+        conversations.append([sum(lengths[: turn + 2]) for turn in range(spec.turns)])
+    requests = [
+        RequestSpec(
+            rid=turn * spec.n_prefix_groups + group, arrival_step=turn * spec.wave_gap_steps,
+            prompt_len=prompt_lens[turn], group=group, shared_len=prompt_lens[turn] - 1,
+            output_len=log_uniform_int(rng, 1, spec.max_output),
+        )
+        for turn in range(spec.turns)
+        for group, prompt_lens in enumerate(conversations)
+    ]
+    return requests, [prompt_lens[-1] for prompt_lens in conversations]
 
 
 def prompt_tokens(request: RequestSpec, group_tokens):
@@ -153,4 +190,5 @@ SHAPES = (
     ModelShape("g4-d128", 32, 8, 128),
     ModelShape("g8-d128", 32, 4, 128),
     ModelShape("g2-d256", 16, 8, 256),
+    ModelShape("g1-d128", 32, 32, 128),
 )

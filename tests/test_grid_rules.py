@@ -13,16 +13,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks import scheduling, workload
+from benchmarks import analysis, scheduling, workload
+from sglang_chunk_align import prefill_hooks
 from sglang_chunk_align.planning import Rules, tile_conflicts
 
 pytestmark = pytest.mark.needs_grid_rules
 
-RULES = Rules()
+RULES = Rules()  # the rules where the backend does not say its geometry
+SHAPES = {shape.name: shape for shape in workload.SHAPES}
 
 
-def run_schedule(prompts, chunk, kv_tokens, radix, rules=True):
-    """prompts: [(prompt_len, shared_len, arrival_step)]; returns the driver's result."""
+def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, shape=None, page_size=1):
+    """prompts: [(prompt_len, shared_len, arrival_step)]; returns the driver's result.
+
+    `shape` is the model the stand-in backend plans prefill for (None: it does not say).
+    """
     base = [random.Random(1).randrange(1000, 90_000) for _ in range(max(p[0] for p in prompts))]
     requests, arrivals = [], []
     for rid, (prompt_len, shared_len, arrival) in enumerate(prompts):
@@ -37,23 +42,32 @@ def run_schedule(prompts, chunk, kv_tokens, radix, rules=True):
         max_running_requests=16,
     )
     cfg = workload.SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True, rules=rules)
-    with scheduling.sglang_config(cfg, radix) as server_args:
-        align = scheduling.truncation_align_size(server_args)
-        return requests, scheduling.SchedulerDriver(spec, cfg, radix, align).run(arrivals)
+    with scheduling.sglang_config(cfg, radix, page_size) as server_args:
+        align = scheduling.truncation_align_size(server_args, shape, page_size)
+        assert prefill_hooks.rules_in_force == (
+            None if not rules else Rules(shape.group, shape.head_dim, page_size) if shape else Rules(page_size=page_size)
+        )
+        return requests, scheduling.SchedulerDriver(spec, cfg, radix, align, page_size).run(arrivals)
 
 
-def assert_every_batch_is_exact(requests, result, chunk):
+def assert_every_batch_is_exact(requests, result, chunk, rules=RULES, shape=None):
+    """Every batch keeps its members exact by the plugin's own rules and, for a known model shape,
+    by the replay benchmark's hazard predictor, which restates fa2's tile choice independently."""
     lengths = {r.rid: r.prompt_len for r in requests}
     finished = {rid: 0 for rid in lengths}
     for step in result["steps"]:
         for rid, start, end in step:
-            assert start % RULES.grid == 0, f"request {rid} starts at {start}"
-            whole_short_request = start == 0 and end == lengths[rid] <= 64
-            assert end - start >= RULES.min_tail or whole_short_request or chunk < 2 * RULES.grid, (rid, start, end)
+            assert start % rules.grid == 0, f"request {rid} starts at {start}"
+            whole_short_request = start == 0 and end == lengths[rid] < rules.min_tail
+            assert end - start >= rules.min_tail or whole_short_request, (rid, start, end)
             finished[rid] = max(finished[rid], end)
         members = [(end - start, end, lengths[rid]) for rid, start, end in step]
-        assert tile_conflicts(members, RULES) == [], step
+        assert tile_conflicts(members, rules) == [], step
     assert all(finished[rid] >= lengths[rid] for rid in lengths), "a request never finished prefill"
+    if shape is not None:
+        schedule = dict(result, fixed_split=4096)
+        hazards = analysis.predict_hazards(schedule, {r.rid: r for r in requests}, shape)
+        assert not any(hazards.values()), hazards
 
 
 prompt = st.tuples(st.integers(1, 1500), st.integers(0, 1500), st.integers(0, 12))
@@ -62,13 +76,40 @@ prompt = st.tuples(st.integers(1, 1500), st.integers(0, 1500), st.integers(0, 12
 @settings(max_examples=int(os.environ.get("GRID_RULES_EXAMPLES", 60)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     prompts=st.lists(prompt, min_size=1, max_size=10),
-    chunk=st.sampled_from([256, 384, 512, 1024]),
+    chunk=st.sampled_from([128, 256, 384, 512, 1024]),
     kv_tokens=st.sampled_from([2048, 4096, 16384]),
     radix=st.booleans(),
+    shape=st.sampled_from([None, *SHAPES]),
+    page_size=st.sampled_from([1, 16]),
 )
-def test_plugin_schedules_start_on_the_grid_on_solo_tiles_and_finish(prompts, chunk, kv_tokens, radix):
-    requests, result = run_schedule(prompts, chunk, kv_tokens, radix)
-    assert_every_batch_is_exact(requests, result, chunk)
+def test_plugin_schedules_start_on_the_grid_on_solo_tiles_and_finish(prompts, chunk, kv_tokens, radix, shape, page_size):
+    shape = SHAPES.get(shape)
+    requests, result = run_schedule(prompts, chunk, kv_tokens, radix, shape=shape, page_size=page_size)
+    rules = Rules(shape.group, shape.head_dim, page_size) if shape else Rules(page_size=page_size)
+    assert_every_batch_is_exact(requests, result, chunk, rules, shape)
+
+
+def test_a_known_group_rounds_radix_hits_to_its_finer_grid():
+    shape = SHAPES["g4-d128"]
+    requests, result = run_schedule([(1500, 1000, 0), (2500, 1000, 8)], 256, 16384, radix=True, shape=shape)
+    starts = [start for step in result["steps"] for rid, start, _ in step if rid == 1]
+    assert starts[0] == 992 and result["radix_hit_tokens"] == 992  # 1000 on the 32-token grid
+    assert_every_batch_is_exact(requests, result, 256, Rules(4, 128), shape)
+
+
+def test_page_16_keeps_the_reused_prefix_on_the_grid_and_the_page():
+    shape = SHAPES["g8-d128"]
+    requests, result = run_schedule([(1500, 1000, 0), (2500, 1000, 8)], 256, 16384, radix=True, shape=shape,
+                                    page_size=16)
+    assert result["radix_hit_tokens"] == 992  # 16-token grid and 16-token page: 1000 rounds to 992
+    assert_every_batch_is_exact(requests, result, 256, Rules(8, 128, 16), shape)
+
+
+def test_chunk_128_short_final_piece_rides_with_the_chunk_before_it():
+    shape = SHAPES["g1-d128"]
+    requests, result = run_schedule([(1040, 0, 0)], 128, 16384, radix=False, shape=shape)
+    assert [step for step in result["steps"]][-1] == [(0, 896, 1040)]  # 144 tokens, not 128 + a 16-token tail
+    assert_every_batch_is_exact(requests, result, 128, Rules(1, 128), shape)
 
 
 def test_radix_hit_is_rounded_down_to_the_grid():

@@ -15,6 +15,7 @@ import pytest
 from benchmarks import analysis, replay_determinism, scheduling, workload
 from sglang_chunk_align import releases
 from sglang_chunk_align.compat import installed_version, sglang_at_least
+from sglang_chunk_align.planning import FULL_TILE_ABOVE_ROWS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(
@@ -38,8 +39,16 @@ def doc():
 
 @pytest.fixture(scope="module")
 def plugin_doc():
-    """The plugin's schedules: these test what the plugin makes SGLang do."""
-    return scheduling.schedule_workload(workload.SMALL_WORKLOAD, PLUGIN_CONFIGS)
+    """The plugin's schedules, per model shape and page size: these test what the plugin makes SGLang do."""
+    return scheduling.schedule_workload(workload.SMALL_WORKLOAD, PLUGIN_CONFIGS, page_sizes=(1, 16))
+
+
+@pytest.fixture(scope="module")
+def chat_doc():
+    """Multi-turn chat: every radix hit comes from an earlier turn of the same conversation."""
+    return scheduling.schedule_workload(
+        workload.SMALL_CHAT_WORKLOAD, PLUGIN_CONFIGS, radix_modes=(True,), page_sizes=(1, 16), name="small-chat"
+    )
 
 
 def by_name(doc, config, radix):
@@ -71,13 +80,16 @@ def test_alignment_comes_from_the_scheduler(doc):
 
 
 def assert_whole_prompts_in_order(doc):
-    """Every request prefills [0, prompt) exactly once, in order, within the chunk budget."""
+    """Every request prefills [0, prompt) exactly once, in order, within the chunk budget; with the
+    grid rules a short final piece (64 packed rows or fewer) may ride along past it."""
     requests = scheduling.load_requests(doc)
+    groups = {shape.name: shape.group for shape in workload.SHAPES}
     for schedule in doc["schedules"]:
         donors = scheduling.donor_runs(schedule)
         position = {rid: sum(b - a for _, a, b in donors.get(rid, [])) for rid in requests}
+        riding = FULL_TILE_ABOVE_ROWS // groups[schedule["shape"]] if schedule["shape"] else 0
         for step in schedule["steps"]:
-            assert sum(e - s for _, s, e in step) <= schedule["chunk"]  # the chunk budget binds
+            assert sum(e - s for _, s, e in step) <= schedule["chunk"] + riding  # the chunk budget binds
             for rid, s, e in step:
                 assert s == position[rid] < e, (schedule["config"], rid)
                 position[rid] = e
@@ -118,19 +130,46 @@ def test_length_alignment_predicts_tile_hazards_solo_would_not_have(doc):
     assert analysis.predict_hazards(by_name(doc, "nondeterministic", True), requests, workload.SHAPES[0]) is None
 
 
-def test_plugin_schedules_finish_every_prompt_on_the_grid(plugin_doc):
+def test_plugin_schedules_finish_every_prompt_on_the_grid(plugin_doc, chat_doc):
     assert {s["truncation_align_size"] for s in plugin_doc["schedules"]} == {128}
     assert_whole_prompts_in_order(plugin_doc)
+    assert_whole_prompts_in_order(chat_doc)
     for schedule in plugin_doc["schedules"]:
         if not schedule["radix"]:
             assert schedule["radix_hit_tokens"] == 0 and not schedule["donors"]
 
 
+def test_plugin_schedules_are_predicted_exact_on_every_shape_chunk_and_page(plugin_doc, chat_doc):
+    """The benchmark's own hazard predictor (independent of planning.py) finds nothing to flag in any
+    plugin schedule, chunk 128 included; length alignment alone it flags (the check is sensitive)."""
+    shapes = {shape.name: shape for shape in workload.SHAPES}
+    flagged = set()
+    for doc in (plugin_doc, chat_doc):
+        requests = scheduling.load_requests(doc)
+        assert {(s["page_size"], s["shape"]) for s in doc["schedules"] if s["config"] == "plugin-128"} == {
+            (page, shape) for page in (1, 16) for shape in shapes
+        }
+        for schedule in doc["schedules"]:
+            for shape in [shapes[schedule["shape"]]] if schedule["shape"] else shapes.values():
+                hazards = analysis.predict_hazards(schedule, requests, shape)
+                if schedule["shape"]:
+                    assert not any(hazards.values()), (doc["meta"]["name"], schedule["config"], shape.name, hazards)
+                elif any(hazards.values()):
+                    flagged.add((doc["meta"]["name"], shape.name))
+    assert {name for name, _ in flagged} == {"mixed", "small-chat"}
+
+
+def test_cost_report_compares_each_shape_with_length_alignment(plugin_doc):
+    report = replay_determinism.cost_report(plugin_doc)
+    assert report.count("| plugin-256 |") == 2 * len(workload.SHAPES)  # radix on, pages 1 and 16
+    assert "vs upstream-128" in report
+
+
 def test_schedule_command_prints_the_report(capsys, tmp_path):
     out = tmp_path / "small.json"
-    assert replay_determinism.main(["schedule", "--small", "--configs", "stock-4096", "--out", str(out)]) == 0
+    assert replay_determinism.main(["schedule", "--workload", "small", "--configs", "stock-4096", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "| on | stock-4096 |" in printed and "predicted exact % g4-d128" in printed
+    assert "| 1 | on | stock-4096 |" in printed and "predicted exact % g4-d128" in printed
     assert [s["config"] for s in json.loads(out.read_text())["schedules"]] == ["stock-4096"] * 2
 
 
