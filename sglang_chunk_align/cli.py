@@ -132,7 +132,7 @@ def run_doctor():
         warning = check_sglang_version(version)
         if warning:
             report["warnings"].append(warning)
-        patches.apply()
+        patches.apply(now=True)  # every point, imported by SGLang yet or not
     except ChunkAlignError as error:
         report["problems"].append(str(error))
     if version is not None:  # without SGLang the patch points mean nothing

@@ -21,6 +21,7 @@ partway is rolled back before the error is raised.
 
 import importlib
 import logging
+import sys
 import threading
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -153,25 +154,36 @@ PATCH_POINTS = (
                 RADIX_CACHE_ENV, GRID_RULES_RELEASES),
 )
 
-# Installed only when apply() fails, so that a failure SGLang's plugin loader
+# Installed only when patching fails, so that a failure SGLang's plugin loader
 # swallows still stops deterministic flashinfer from starting with stock alignment.
-# Its wrapper is a factory: install_failure_guard() builds the wrapper around the cause.
-FAILURE_GUARD = _wrap(_SCHEDULER, "Scheduler.__init__", scheduler_hooks.refuse_deterministic_flashinfer,
-                      "refuse deterministic flashinfer when the plugin could not apply")
+# It sits on the scheduler's first alignment step, which runs once the model
+# runner (and so every attention backend in use) exists: a patch point that
+# fails when its module is imported there is caught too. Its wrapper is a
+# factory: install_failure_guard() builds the wrapper around the cause.
+FAILURE_GUARD = _wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
+                      scheduler_hooks.refuse_deterministic_flashinfer,
+                      "refuse deterministic flashinfer when the plugin could not patch SGLang")
 
 STOCK, APPLIED, GUARDED = "stock", "applied", "guarded"  # what this process has installed
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entered when installing a point imports a module with a pending hook
 _state = STOCK
+_version = None  # the SGLang release the points were selected for
 _installed = {}  # point name -> (point, owner, attribute, what owner.__dict__ held)
+_pending = {}  # module name -> points to install when SGLang imports it
+_hooked = set()  # modules with a post-import hook (wrapt cannot unregister one; it checks _pending)
 
 
-def apply():
+def apply(now=False):
     """Install every patch point for the installed SGLang; a no-op when already applied.
 
-    Nothing changes unless every selected point resolves; an install that
-    fails partway is rolled back, so SGLang is either fully patched or stock.
+    Points in modules this process has imported are installed at once, all
+    resolved before anything changes; the others when SGLang imports their
+    module (a post-import hook), so a process that never schedules pays
+    almost nothing. `now` imports them all here instead (doctor, tests). A
+    point that fails when its module is imported restores stock SGLang,
+    logs an ERROR and installs the failure guard.
     """
-    global _state
+    global _state, _version
     with _lock:
         if _state == APPLIED:
             return
@@ -179,29 +191,26 @@ def apply():
         warning = check_sglang_version(version)
         if warning:
             logger.warning("sglang-chunk-align: %s", warning)
-        resolved = [(point, *_resolve(point, version)) for point in selected_points(version)]
+        by_module = {}
+        for point in selected_points(version):
+            by_module.setdefault(point.module, []).append(point)
+        ready = {module for module in by_module if now or module in sys.modules}
+        resolved = [(point, *_resolve(point, version)) for module in ready for point in by_module[module]]
         _restore_all()  # drops a failure guard left by an earlier attempt
-        for point, owner, attribute, stock in resolved:
-            try:
-                _install(point, owner, attribute, stock)
-            except Exception as error:
-                _restore_all()
-                raise ChunkAlignError(
-                    f"SGLang {version}: installing patch point {point.name} failed "
-                    f"({type(error).__name__}: {error}); every point was restored to stock."
-                ) from error
-        _state = APPLIED
+        _install_all(resolved, version)
+        _state, _version = APPLIED, version
+        for module in by_module.keys() - ready:
+            _install_when_imported(module, by_module[module])
 
 
 def install_failure_guard(error):
-    """Make Scheduler.__init__ refuse deterministic flashinfer, citing `error`; only over stock SGLang."""
+    """Make the scheduler refuse deterministic flashinfer, citing `error`; only over stock SGLang."""
     global _state
     with _lock:
         if _state != STOCK:
             return
-        guard = replace(FAILURE_GUARD, wrapper=FAILURE_GUARD.wrapper(error))
-        _install(guard, *_resolve(guard, installed_version()))
         _state = GUARDED
+        _install_when_imported(FAILURE_GUARD.module, [replace(FAILURE_GUARD, wrapper=FAILURE_GUARD.wrapper(error))])
 
 
 def state():
@@ -210,7 +219,7 @@ def state():
 
 
 def remove():
-    """Restore every patched attribute to exactly what stock SGLang had."""
+    """Restore every patched attribute to exactly what stock SGLang had, and install nothing later."""
     with _lock:
         _restore_all()
 
@@ -237,6 +246,45 @@ def selected_points(version):
     return [p for p in release_points(version) if p.opt_in is None or env_flag(p.opt_in, False)]
 
 
+def _install_all(resolved, version):
+    """Install resolved points; one that fails rolls every installed point back."""
+    for point, owner, attribute, stock in resolved:
+        try:
+            _install(point, owner, attribute, stock)
+        except Exception as error:
+            _restore_all()
+            raise ChunkAlignError(
+                f"SGLang {version}: installing patch point {point.name} failed "
+                f"({type(error).__name__}: {error}); every point was restored to stock."
+            ) from error
+
+
+def _install_when_imported(module, points):
+    _pending[module] = points
+    if module in sys.modules:
+        _on_import(sys.modules[module])
+    elif module not in _hooked:
+        _hooked.add(module)
+        wrapt.register_post_import_hook(_on_import, module)
+
+
+def _on_import(module):
+    """Install the points pending for `module`, which SGLang has just imported."""
+    with _lock:
+        points = _pending.pop(module.__name__, None)
+        if not points:
+            return
+        try:
+            _install_all([(point, *_resolve(point, _version)) for point in points], _version)
+        except ChunkAlignError as error:  # never raised into SGLang's import
+            if _state == GUARDED:
+                logger.error("sglang-chunk-align: could not install its failure guard either: %s", error)
+                return
+            logger.error("sglang-chunk-align FAILED: %s Deterministic flashinfer will refuse to start.", error)
+            _restore_all()
+            install_failure_guard(error)
+
+
 def _install(point, owner, attribute, stock):
     if point.wrapper is not None:
         wrapt.wrap_function_wrapper(owner, attribute, point.wrapper)
@@ -257,6 +305,7 @@ def _restore_all():
         else:
             setattr(owner, attribute, stock)
     _installed.clear()
+    _pending.clear()
     _state = STOCK
     prefill_hooks.activate(None)
 

@@ -1,7 +1,9 @@
 """SGLang plugin entry point `chunk_align` (group `sglang.srt.plugins`).
 
 SGLang's load_plugins() calls load() in every process that loads plugins
-(the launcher and each scheduler rank), logs any exception and carries on.
+(the launcher, each scheduler rank, the detokenizer, the DP controller),
+logs any exception and carries on. load() patches lazily (patches.apply), so
+a process that never imports the scheduler pays almost nothing.
 So a failure is logged as an ERROR here, and a guard makes the scheduler
 refuse deterministic flashinfer instead of running stock alignment silently.
 The guard gets the error itself, whose `remedy` (compat.ChunkAlignError)
@@ -26,8 +28,5 @@ def load():
             "while chunk_align is in SGLANG_PLUGINS.",
             error,
         )
-        try:
-            install_failure_guard(error)
-        except ChunkAlignError as guard_error:
-            logger.error("sglang-chunk-align: could not install its failure guard either: %s", guard_error)
+        install_failure_guard(error)
         raise

@@ -154,11 +154,11 @@ def _attn_dp_size(server_args):
 
 
 def refuse_deterministic_flashinfer(error):
-    """A Scheduler.__init__ wrapper for when apply() failed: never run stock alignment silently."""
+    """A Scheduler.init_deterministic_inference_config wrapper for when patching failed:
+    never run stock alignment silently."""
 
     def refuse(wrapped, instance, args, kwargs):
-        server_args = kwargs.get("server_args", args[0] if args else None)
-        if _is_deterministic_flashinfer(server_args):
+        if _is_deterministic_flashinfer(instance.server_args):
             raise RuntimeError(
                 f"sglang-chunk-align is selected (SGLANG_PLUGINS) but could not patch SGLang: "
                 f"{error} Refusing to start deterministic flashinfer with stock chunk "

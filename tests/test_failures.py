@@ -5,7 +5,7 @@ from packaging.version import Version
 
 from sglang_chunk_align import patches, plugin, releases
 from sglang_chunk_align.compat import ChunkAlignError, installed_version, sglang_at_least
-from sglang_chunk_align.standins import published
+from sglang_chunk_align.standins import published, scheduler_alignment
 
 UNSUPPORTED_OLDER = "0.5.11"  # the release before releases.OLDEST
 
@@ -44,7 +44,7 @@ def test_newer_sglang_is_refused_without_the_override(sglang_version):
 def test_newer_sglang_with_the_override_warns_and_checks_every_point(sglang_version, monkeypatch, caplog):
     sglang_version("0.6.0")
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED", "1")
-    patches.apply()
+    patches.apply(now=True)
     assert patches.installed_names() == {p.name for p in patches.release_points(Version("0.6.0")) if p.opt_in is None}
     assert "newer than the tested range" in caplog.text
 
@@ -82,15 +82,22 @@ def test_failed_load_guards_the_scheduler(sglang_version):
     with pytest.raises(ChunkAlignError):
         plugin.load()
     assert patches.installed_names() == {patches.FAILURE_GUARD.name}
-    with published(deterministic=True) as server_args:
-        with pytest.raises(RuntimeError, match="Refusing to start deterministic flashinfer with stock chunk alignment"):
-            Scheduler(server_args)
+    with pytest.raises(RuntimeError, match="Refusing to start deterministic flashinfer with stock chunk alignment"):
+        scheduler_alignment(chunk=4096)
     for fields in ({"attention_backend": None}, {"attention_backend": "triton", "prefill_attention_backend": "flashinfer"}):
-        with published(deterministic=True, **fields) as server_args:
-            with pytest.raises(RuntimeError, match="Refusing to start"):
-                Scheduler(server_args)
+        with pytest.raises(RuntimeError, match="Refusing to start"):
+            scheduler_alignment(chunk=4096, **fields)
+    assert scheduler_alignment(deterministic=False, chunk=4096) is None  # other configurations start
     patches.remove()
-    assert "__wrapped__" not in dir(vars(Scheduler)["__init__"])
+    assert "__wrapped__" not in dir(vars(Scheduler)["init_deterministic_inference_config"])
+
+
+def test_guard_for_a_bad_switch_names_that_switch(monkeypatch):
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "yes")
+    with pytest.raises(ChunkAlignError):
+        plugin.load()
+    with pytest.raises(RuntimeError, match=r"Fix SGLANG_CHUNK_ALIGN_RULES \(1 or 0, or unset\)\.$"):
+        scheduler_alignment(chunk=4096)
 
 
 def test_failed_load_through_sglang_loader_is_logged_as_an_error(fresh_python):
@@ -100,6 +107,8 @@ def test_failed_load_through_sglang_loader_is_logged_as_an_error(fresh_python):
         f"patches.installed_version = lambda: Version({UNSUPPORTED_OLDER!r})\n"
         "from sglang.srt.plugins import load_plugins\n"
         "load_plugins()\n"
+        "assert not patches.installed_names()  # the guard waits for the scheduler module\n"
+        "import sglang.srt.managers.scheduler\n"
         "print(sorted(patches.installed_names()))\n",
         SGLANG_PLUGINS="chunk_align",
     )
@@ -115,6 +124,7 @@ def test_invalid_switch_fails_at_load_through_sglang_loader(fresh_python, switch
         "import sglang_chunk_align.patches as patches\n"
         "from sglang.srt.plugins import load_plugins\n"
         "load_plugins()\n"
+        "import sglang.srt.managers.scheduler\n"
         "print(sorted(patches.installed_names()))\n",
         SGLANG_PLUGINS="chunk_align", **{switch: value},
     )

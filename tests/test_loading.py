@@ -118,3 +118,58 @@ def test_orders_that_end_removed_restore_stock_exactly(run_order, order):
 
 def test_remove_before_import_leaves_stock(run_order):
     assert _stock_methods_only(run_order("apply,remove,import"))
+
+
+LAZY_SCRIPT = r'''
+import sys
+import sglang.srt.managers.detokenizer_manager  # what a detokenizer process has imported
+from sglang.srt.plugins import load_plugins
+from sglang_chunk_align import patches
+load_plugins()
+print("scheduler imported by the plugin:", "sglang.srt.managers.scheduler" in sys.modules)
+print("installed before:", sorted(patches.installed_names()))
+import sglang.srt.managers.scheduler
+print("scheduler points after import:", sorted(n for n in patches.installed_names() if ".scheduler." in n))
+'''
+
+
+def test_points_are_installed_when_sglang_imports_their_module(fresh_python):
+    """A process that never schedules does not import the scheduler for the plugin's sake."""
+    result = fresh_python(LAZY_SCRIPT, SGLANG_PLUGINS="chunk_align")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()[-3:]
+    assert lines[0] == "scheduler imported by the plugin: False"
+    installed_before = eval(lines[1].split(": ", 1)[1])
+    assert not any(".managers.scheduler." in name for name in installed_before)
+    scheduler_points = sorted(p.name for p in _release_points() if p.module == "sglang.srt.managers.scheduler")
+    assert eval(lines[2].split(": ", 1)[1]) == scheduler_points
+
+
+FAILING_ON_IMPORT = r'''
+import logging
+from sglang_chunk_align import patches, standins
+broken = patches._declare("sglang.srt.layers.attention.dots_hybrid_backend", "NoSuchBackend.prefill_chunk_align",
+                          None, "a point this release does not have")
+patches.PATCH_POINTS = patches.PATCH_POINTS + (broken,)
+patches.apply()
+print("applied:", patches.state())
+import sglang.srt.layers.attention.dots_hybrid_backend  # SGLang imports the module: the point fails
+print("after the import:", patches.state(), sorted(patches.installed_names()))
+try:
+    standins.scheduler_alignment(chunk=256)  # the guard goes in with the scheduler module
+except RuntimeError as error:
+    print("scheduler:", sorted(patches.installed_names()), error)
+'''
+
+
+def test_a_point_failing_when_its_module_is_imported_restores_stock_and_guards(fresh_python):
+    result = fresh_python(FAILING_ON_IMPORT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    applied, after, refused = result.stdout.strip().splitlines()[-3:]
+    assert applied == "applied: applied"
+    from sglang_chunk_align import patches
+
+    assert after == "after the import: guarded []"  # stock everywhere; the guard waits for the scheduler
+    assert refused.startswith(f"scheduler: {[patches.FAILURE_GUARD.name]!r}")
+    assert "NoSuchBackend" in refused and "Refusing to start deterministic flashinfer" in refused
+    assert "sglang-chunk-align FAILED: SGLang" in result.stderr and "NoSuchBackend" in result.stderr

@@ -39,7 +39,6 @@ if not os.environ.get(WHEELS_ENV):
 # names in order; "..." allows further parameters, and without it the
 # function takes exactly these; names after "*" must be accepted by keyword.
 SIGNATURES = {
-    "Scheduler.__init__": "self, server_args, ...",
     "Engine._launch_subprocesses": "cls, server_args, ...",
     "Scheduler.init_deterministic_inference_config": "self",
     "Scheduler.check_truncation_align_fits_chunk": "self",
