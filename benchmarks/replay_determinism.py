@@ -364,6 +364,7 @@ def main(argv=None):
     sched = sub.add_parser("schedule", help="CPU: schedule with SGLang's PrefillAdder, print stats and predicted hazards")
     sched.add_argument("--workload", choices=WORKLOADS, default="mixed", help="which workload (small: CI's)")
     sched.add_argument("--page-sizes", nargs="+", type=int, default=[1], help="SGLang KV page sizes")
+    sched.add_argument("--radix", choices=["off", "on", "both"], default="both", help="radix cache off, on or both")
     sched.add_argument("--uncapped", action="store_true", help="no cap on KV memory")
     sched.add_argument("--out", help="write the schedule document (JSON) here")
     sched.add_argument("--configs", nargs="+", choices=[c.name for c in CONFIGS],
@@ -388,7 +389,8 @@ def main(argv=None):
             spec = WorkloadSpec(**{**asdict(spec), "kv_tokens": UNCAPPED_KV_TOKENS})
         start = time.perf_counter()
         configs = [c for c in CONFIGS if c.name in args.configs]
-        doc = schedule_workload(spec, configs, page_sizes=args.page_sizes, name=args.workload)
+        radix_modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.radix]
+        doc = schedule_workload(spec, configs, radix_modes, args.page_sizes, name=args.workload)
         print(f"{schedule_report(doc)}\n\n{cost_report(doc)}")
         print(f"\nscheduled {len(doc['requests'])} requests x {len(doc['schedules'])} schedules "
               f"in {time.perf_counter() - start:.1f} s (SGLang {doc['meta']['sglang']})")

@@ -192,7 +192,7 @@ class SchedulerDriver:
 
     def get_new_batch_prefill(self):
         """Scheduler._get_new_batch_prefill_raw, for this driver's feature set."""
-        from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+        from sglang.srt.managers.schedule_policy import AddReqResult
 
         running = self.running
         if running.is_empty():
@@ -203,11 +203,7 @@ class SchedulerDriver:
             running.batch_is_full = True
             return None
         self.policy.calc_priority(self.waiting, running)
-        adder = PrefillAdder(
-            self.page_size, self.tree, self.allocator, running, self.ratio.current, self.max_prefill_tokens,
-            self.chunk, 0, 0, max_prefill_bs=0, max_running_requests=self.max_running,
-            waiting_queue_len=len(self.waiting),
-        )
+        adder = self.new_adder()
         if self.chunked_req is not None:
             self.chunked_req.init_next_round_input()
             adder.chunked_req_limit = self.policy.shortest_prefill_chunk_limit(
@@ -249,6 +245,16 @@ class SchedulerDriver:
         batch = self.new_batch(can_run, self.chunked_req)
         batch.prepare_for_extend()
         return batch
+
+    def new_adder(self):
+        """A PrefillAdder as Scheduler._get_new_batch_prefill_raw builds one for this step."""
+        from sglang.srt.managers.schedule_policy import PrefillAdder
+
+        return PrefillAdder(
+            self.page_size, self.tree, self.allocator, self.running, self.ratio.current, self.max_prefill_tokens,
+            self.chunk, 0, 0, max_prefill_bs=0, max_running_requests=self.max_running,
+            waiting_queue_len=len(self.waiting),
+        )
 
     def run_prefill(self, batch):
         """Record the batch, then Scheduler.process_batch_result_prefill with a stand-in sample."""
