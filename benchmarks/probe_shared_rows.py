@@ -5,7 +5,6 @@ other requests (benchmarks/README.md, "What the numbers say"); the answer,
 recorded in logs/h200_probe_shared_rows.log, is yes at every shape tried.
 Run from the repository root: python3 -m benchmarks.probe_shared_rows
 """
-import torch
 from benchmarks.replay_determinism import Fa2PagedPrefill, Content, run_batches
 from benchmarks.workload import RequestSpec, ModelShape
 
