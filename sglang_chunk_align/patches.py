@@ -322,7 +322,8 @@ def _resolve(point, version):
             f"SGLang {version}: patch point {point.name} is missing or does not import "
             f"({type(error).__name__}: {error}); nothing was patched."
         ) from error
-    stock = owner.__dict__.get(attribute, _ABSENT)
+    # A failure guard on this target is dropped before the point goes in: stock is what it replaced.
+    stock = _installed[point.name][3] if point.name in _installed else owner.__dict__.get(attribute, _ABSENT)
     if point.wrapper is not None and not (callable(stock) or isinstance(stock, classmethod)):
         raise ChunkAlignError(
             f"SGLang {version}: patch point {point.name} is missing: "
