@@ -19,7 +19,7 @@ from importlib import metadata
 
 from packaging.specifiers import SpecifierSet
 
-from . import patches, prefill_hooks, standins
+from . import patches, prefill_hooks, releases, standins
 from .planning import Rules, plan
 from .alignment import PREFILL_Q_TILE_TOKENS, chunk_size_error
 from .compat import (
@@ -161,7 +161,7 @@ def _check_release(report, version):
             {"name": point.name, "versions": str(point.versions), "reason": point.reason, "status": status}
         )
     if not SpecifierSet(patches.GRID_RULES_RELEASES).contains(version, prereleases=True):
-        report["grid_rules"] = f"not on SGLang {version} (needs {patches.GRID_RULES_RELEASES})"
+        report["grid_rules"] = f"not on SGLang {version}: {releases.WITHOUT_GRID_RULES}"
     else:
         report["grid_rules"] = RULES_OFF if rules_off else "available"
         report["grid"] = None if rules_off else GRID_SOURCE

@@ -19,6 +19,13 @@ SUPPORTED = ">=0.5.12,<0.5.24"
 STOCK_STARTUP_CHECK = "0.5.22"
 # First release with every admission path the grid rules patch (PrefillAdder.floor_chunked_tokens).
 GRID_RULES = "0.5.23"
+# What a release without the grid rules leaves inexact: the scheduler's startup
+# WARNING and doctor say it in these words.
+WITHOUT_GRID_RULES = (
+    "final pieces shorter than the full fa2 tile, thin batches on a smaller tile, memory-pressure "
+    "and ignore_eos cuts off the grid, and radix hits off the grid (the radix opt-in is refused) "
+    f"are not bit-exact; SGLang {GRID_RULES} or newer closes this with the grid rules"
+)
 
 # What CI installs: the newest release runs the whole suite; OLDEST_CPU_SCHEDULER is the
 # oldest release whose scheduler imports without a GPU (the whole suite, as far as that

@@ -60,7 +60,7 @@ def test_doctor_reports_a_working_install():
     assert "applied" in expected and f"not for SGLang {version}" in expected
     rules_available = sglang_at_least(releases.GRID_RULES)
     assert report["grid_rules"] == (
-        "available" if rules_available else f"not on SGLang {version} (needs >={releases.GRID_RULES})"
+        "available" if rules_available else f"not on SGLang {version}: {releases.WITHOUT_GRID_RULES}"
     )
     assert (report["grid"] or "").startswith("128/gcd(128, GQA group) tokens" if rules_available else "")
     assert ("indices_updater_prefill" in report["grid"]) if rules_available else report["grid"] is None

@@ -204,3 +204,19 @@ def test_radix_opt_in_without_the_grid_rules_is_refused(plugin, monkeypatch):
     with pytest.raises(ValueError, match="SGLANG_CHUNK_ALIGN_RADIX_CACHE=1 needs the grid rules"):
         scheduler_alignment(chunk=256)
     assert scheduler_alignment(deterministic=False, chunk=256) is None  # the switch matters only there
+
+
+def test_releases_without_the_grid_rules_warn_what_is_not_bit_exact(plugin, caplog):
+    """On releases before the grid rules the startup check runs with rules_available=False."""
+    from sglang_chunk_align import scheduler_hooks
+
+    with published(chunk=256) as server_args:
+        stand_in = scheduler(server_args, flashinfer_backend(), truncation_align_size=128)
+        with caplog.at_level("WARNING", logger="sglang_chunk_align"):
+            scheduler_hooks._check_chunk(stand_in, rules_available=False)
+    assert f"no grid rules on this SGLang release: {releases.WITHOUT_GRID_RULES}." in caplog.text
+    caplog.clear()
+    with published(deterministic=False, chunk=256) as server_args:
+        stand_in = scheduler(server_args, flashinfer_backend(), truncation_align_size=None)
+        scheduler_hooks._check_chunk(stand_in, rules_available=False)
+    assert "no grid rules" not in caplog.text  # only where deterministic flashinfer runs
