@@ -1,0 +1,149 @@
+"""The grid rules in SGLang's real PrefillAdder, one admission path at a time.
+
+test_grid_rules.py drives whole schedules through benchmarks/scheduling.py;
+these build SGLang's own PrefillAdder, Req, KV allocator and (disabled)
+prefix cache directly, so each path (continuation under a memory clamp, a
+riding final piece, a new request's cut, ignore_eos) is pinned on its own.
+Each case also runs with the rules off, to show that stock cuts off the grid
+there. The rules are activated by the Scheduler's own startup check.
+"""
+
+from array import array
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_chunk_align import prefill_hooks, standins
+from sglang_chunk_align.planning import Rules
+
+pytestmark = pytest.mark.needs_grid_rules
+
+VOCAB_SIZE = 1000
+
+
+@contextmanager
+def adder_with(chunk, kv_tokens, rules, max_new_tokens=2):
+    """(a fresh PrefillAdder factory, a Req factory) under chunk `chunk` and `kv_tokens` of KV,
+    with the grid rules activated by the startup check (rules=True) or left off."""
+    import torch
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    with standins.published(True, chunk, disable_radix_cache=True) as server_args:
+        standins.run_alignment_steps(standins.scheduler(server_args, standins.flashinfer_backend()))
+        if not rules:
+            prefill_hooks.activate(None)
+        assert prefill_hooks.rules_in_force == (Rules() if rules else None)
+        kv = MHATokenToKVPool(kv_tokens, 1, torch.bfloat16, 1, 1, 1, "cpu", False)
+        allocator = TokenToKVPoolAllocator(kv_tokens, torch.bfloat16, "cpu", kv, need_sort=False)
+        req_pool = ReqToTokenPool(4, 4096, "cpu", False)
+        tree = UnifiedRadixCache(CacheInitParams(
+            disable=True, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=1,
+            chunked_prefill_size=chunk, tree_components=(ComponentType.FULL,),
+        ))
+
+        def new_adder():
+            return PrefillAdder(1, tree, allocator, None, 1.0, 16384, chunk, max_running_requests=4)
+
+        def new_req(rid, prompt_len, ignore_eos=False):
+            params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
+            params.normalize(None)
+            req = Req(str(rid), "", array("q", [100 + rid] * prompt_len), params, vocab_size=VOCAB_SIZE)
+            req.init_next_round_input(tree)
+            return req
+
+        yield new_adder, new_req
+
+
+def admit_new(adder, req):
+    return adder.add_one_req(req, has_chunked_req=False, truncation_align_size=128)
+
+
+@pytest.mark.parametrize("rules, end", [(True, 640), (False, None)])
+def test_continuation_under_a_memory_clamp_ends_on_the_grid(plugin, rules, end):
+    """KV memory for about 400 tokens cuts a continuation at 256 + 400ish; the rules cut at 640."""
+    with adder_with(512, kv_tokens=400, rules=rules) as (new_adder, new_req):
+        req = new_req(0, 1500)
+        req.prefix_len = 256  # its first chunk, on the grid
+        adder = new_adder()
+        assert adder.add_chunked_req(req) is req  # not finished
+        if rules:
+            assert req.extend_end == end
+            assert adder.rem_chunk_tokens == 512 - (end - 256)  # charged what it admitted
+        else:
+            assert req.extend_end % 128 != 0
+
+
+@pytest.mark.parametrize("rules, end", [(True, 1040), (False, 1024)])
+def test_short_final_piece_of_a_continuation_rides_along(plugin, rules, end):
+    """Chunk 128 has no earlier cut to merge into: the 16-token tail rides with the last chunk."""
+    with adder_with(128, kv_tokens=4096, rules=rules) as (new_adder, new_req):
+        req = new_req(0, 1040)
+        req.prefix_len = 896
+        adder = new_adder()
+        finished = adder.add_chunked_req(req) is None
+        assert req.extend_end == end and finished == rules
+
+
+@pytest.mark.parametrize("rules, end", [(True, 384), (False, 512)])
+def test_new_request_ends_a_grid_step_early_rather_than_leave_a_short_tail(plugin, rules, end):
+    """Stock cuts 560 tokens at 512, leaving 48 (a 48-row tile); the rules cut at 384, leaving 176."""
+    with adder_with(512, kv_tokens=4096, rules=rules) as (new_adder, new_req):
+        adder = new_adder()
+        req = new_req(0, 560)
+        admit_new(adder, req)
+        assert adder.can_run_list == [req] and req.extend_end == end and adder.new_chunked_req is req
+
+
+@pytest.mark.parametrize("rules, end", [(True, 160), (False, 128)])
+def test_new_request_alone_lets_its_short_final_piece_ride(plugin, rules, end):
+    """At chunk 128 no earlier cut can take in a 32-token tail: alone in the batch, it rides."""
+    with adder_with(128, kv_tokens=4096, rules=rules) as (new_adder, new_req):
+        adder = new_adder()
+        req = new_req(0, 160)
+        admit_new(adder, req)
+        assert req.extend_end == end and (adder.new_chunked_req is None) == rules
+
+
+@pytest.mark.parametrize("rules, end", [(True, 128), (False, 156)])
+def test_ignore_eos_request_after_another_is_cut_on_the_grid(plugin, rules, end):
+    """After a 100-token request, stock cuts an ignore_eos request at the 156 tokens left of chunk 256."""
+    with adder_with(256, kv_tokens=8192, rules=rules) as (new_adder, new_req):
+        adder = new_adder()
+        first, second = new_req(0, 100), new_req(1, 1000, ignore_eos=True)
+        admit_new(adder, first)
+        admit_new(adder, second)
+        assert adder.can_run_list == [first, second]
+        assert second.extend_end == end and adder.new_chunked_req is second
+
+
+class PrefillDelayer:
+    """Stands in for SGLang's prefill delayer (a collective across DP ranks): records each report."""
+
+    def __init__(self):
+        self.reports = 0
+
+    def negotiate_should_allow_prefill(self, **kwargs):
+        self.reports += 1
+        return True
+
+
+@pytest.mark.parametrize("rules, admitted, reports", [(True, 1, 1), (False, 2, 2)])
+def test_ignore_eos_request_with_no_grid_cut_waits_without_reporting(plugin, rules, admitted, reports):
+    """Chunk 256 less 200 admitted tokens leaves 56: no grid cut fits, so it waits (stock cuts 56),
+    and it waits before stock reports the rank prefillable to the prefill delayer."""
+    with adder_with(256, kv_tokens=8192, rules=rules) as (new_adder, new_req):
+        adder = new_adder()
+        adder.prefill_delayer_single_pass = delayer = PrefillDelayer()
+        adder.running_batch = SimpleNamespace(batch_size=lambda: 0, reqs=[])  # nothing runs yet
+        first, second = new_req(0, 200), new_req(1, 1000, ignore_eos=True)
+        admit_new(adder, first)
+        admit_new(adder, second)
+        assert len(adder.can_run_list) == admitted and delayer.reports == reports
