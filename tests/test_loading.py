@@ -148,12 +148,12 @@ def test_points_are_installed_when_sglang_imports_their_module(fresh_python):
 FAILING_ON_IMPORT = r'''
 import logging
 from sglang_chunk_align import patches, standins
-broken = patches._declare("sglang.srt.layers.attention.dots_hybrid_backend", "NoSuchBackend.prefill_chunk_align",
+broken = patches._declare("sglang.srt.layers.attention.hybrid_attn_backend", "NoSuchBackend.prefill_chunk_align",
                           None, "a point this release does not have")
 patches.PATCH_POINTS = patches.PATCH_POINTS + (broken,)
 patches.apply()
 print("applied:", patches.state())
-import sglang.srt.layers.attention.dots_hybrid_backend  # SGLang imports the module: the point fails
+import sglang.srt.layers.attention.hybrid_attn_backend  # SGLang imports the module: the point fails
 print("after the import:", patches.state(), sorted(patches.installed_names()))
 try:
     standins.scheduler_alignment(chunk=256)  # the guard goes in with the scheduler module

@@ -161,6 +161,13 @@ def test_paths_with_cuda_graph_prefill_tiles_are_refused_with_the_rules(plugin, 
     assert scheduler_alignment(chunk=256, **fields) == 128
 
 
+needs_stock_check = pytest.mark.skipif(
+    not sglang_at_least(releases.STOCK_STARTUP_CHECK),
+    reason=f"Scheduler.check_truncation_align_fits_chunk came with SGLang {releases.STOCK_STARTUP_CHECK}",
+)
+
+
+@needs_stock_check
 def test_bare_scheduler_without_a_worker_checks_as_stock(plugin):
     """SGLang's own unit tests call the check on a Scheduler without a worker or backend."""
     from sglang.srt.disaggregation.utils import DisaggregationMode
@@ -181,6 +188,7 @@ def test_bare_scheduler_without_a_worker_checks_as_stock(plugin):
     assert prefill_hooks.rules_in_force is None
 
 
+@needs_stock_check
 def test_no_alignment_arms_no_rules(plugin):
     with published(chunk=256) as server_args:
         stand_in = scheduler(server_args, flashinfer_backend(), truncation_align_size=None)
