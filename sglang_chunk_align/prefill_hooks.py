@@ -97,7 +97,7 @@ def cut_on_grid(wrapped, instance, args, kwargs):
         return length
     if _unfinished_chunk_in_batch(instance):
         raise _NoGridCut
-    length = chunk_end(0, length, remaining, rules_in_force, WAIT if instance.can_run_list else KEEP)
+    length = chunk_end(0, length, remaining, rules_in_force, _short_tail_at_a_cut(instance))
     if length == 0:
         raise _NoGridCut
     return length
@@ -127,7 +127,7 @@ def ignore_eos_on_grid(wrapped, instance, args, kwargs):
         if prompt_len - start > instance.rem_chunk_tokens > 0 and (
             _unfinished_chunk_in_batch(instance)
             or chunk_end(start, instance.rem_chunk_tokens, prompt_len, rules_in_force,
-                         WAIT if instance.can_run_list else KEEP) == start
+                         _short_tail_at_a_cut(instance)) == start
         ):
             return _add_req_result().OTHER
     with _riding_final_piece(instance, req):
@@ -182,6 +182,12 @@ def keep_solo_tiles(wrapped, instance, args, kwargs):
         logger.debug("sglang-chunk-align: deferring %s to keep batch members on their solo tiles", req.rid)
         return _add_req_result().OTHER
     return wrapped(*args, **kwargs)
+
+
+def _short_tail_at_a_cut(adder):
+    """floor_chunked_tokens' cuts are never lengthened (_riding_final_piece does that beforehand):
+    a short final piece waits where other requests left the budget over, else it is kept."""
+    return WAIT if adder.can_run_list else KEEP
 
 
 def _unfinished_chunk_in_batch(adder):
