@@ -41,7 +41,9 @@ def cta_tile_q(avg_packed_qo_len, head_dim):
 
 def predict_hazards(schedule, requests, shape: ModelShape):
     """rid -> sorted hazards: tile (batch tile != solo tile), off-grid (start off the solo q-tile
-    grid), donor (a hazard in the rows that computed the KV it reuses).
+    grid), donor (a hazard in the rows that computed the KV it reuses), partial-tile (it reuses
+    rows computed in a partial q-tile, which a longer prompt's solo prefill computes in a full one;
+    the H200 probe found such rows differ, data-dependently).
 
     A hazard covers the rows of its extend whose causal KV is longer than
     SHORT_KV_TOKENS and that lie in the prompt (re-prefilled outputs are not
@@ -53,9 +55,13 @@ def predict_hazards(schedule, requests, shape: ModelShape):
     g, d = shape.group, shape.head_dim
     solo_tile = {rid: cta_tile_q(r.prompt_len * g, d) for rid, r in requests.items()}
     spans = {rid: [] for rid in requests}  # rid -> [(first row, end row, hazards)]
+    partial_tiles = {rid: [] for rid in requests}  # rid -> [(first row, end row)] of partial q-tiles
     for step in schedule["steps"]:
         tile = cta_tile_q(sum((e - s) * g for _, s, e in step) // len(step), d)
         for rid, s, e in step:
+            tile_start = e * g // tile * tile // g  # tokens; the start of the tile holding row e - 1
+            if e * g % tile and tile_start < e:
+                partial_tiles[rid].append((max(s, tile_start, SHORT_KV_TOKENS), e))
             rows = (max(s, SHORT_KV_TOKENS), min(e, requests[rid].prompt_len))
             found = {"tile"} if tile != solo_tile[rid] else set()
             if s * g % solo_tile[rid]:
@@ -66,6 +72,8 @@ def predict_hazards(schedule, requests, shape: ModelShape):
     for rid, runs in donor_runs(schedule).items():
         if any(lo < b and a < hi for donor, a, b in runs for lo, hi, _ in spans[donor]):
             hazards[rid].add("donor")
+        if any(lo < b and a < hi for donor, a, b in runs for lo, hi in partial_tiles[donor]):
+            hazards[rid].add("partial-tile")
     return {rid: sorted(h) for rid, h in hazards.items()}
 
 
@@ -78,4 +86,5 @@ def prediction_summary(hazards):
         tile=sum("tile" in h for h in hazards.values()),
         off_grid=sum("off-grid" in h for h in hazards.values()),
         donor=sum("donor" in h for h in hazards.values()),
+        partial_tile=sum("partial-tile" in h for h in hazards.values()),
     )

@@ -273,7 +273,7 @@ def schedule_report(doc, shapes=SHAPES):
     requests = load_requests(doc)
     header = ["page", "radix", "config", "shape", "chunk", "align", "split", "prefill steps", "decode steps",
               "mean batch", "chunked reqs", "starts off 128", "short cuts", "radix hit tokens", "retracted"]
-    header += [f"predicted exact % {s.name} (tile/off-grid/donor)" for s in shapes]
+    header += [f"predicted exact % {s.name} (tile/off-grid/donor/partial-tile)" for s in shapes]
     rows = []
     for schedule in doc["schedules"]:
         stats = schedule_stats(schedule, requests)
@@ -286,7 +286,7 @@ def schedule_report(doc, shapes=SHAPES):
             p = prediction_summary(predict_hazards(schedule, requests, shape))
             row.append("-" if schedule["shape"] not in (None, shape.name)
                        else "n/a" if p["predicted_exact_pct"] is None
-                       else f"{p['predicted_exact_pct']} ({p['tile']}/{p['off_grid']}/{p['donor']})")
+                       else f"{p['predicted_exact_pct']} ({p['tile']}/{p['off_grid']}/{p['donor']}/{p['partial_tile']})")
         rows.append(row)
     return _table(header, rows)
 

@@ -148,7 +148,10 @@ PATCH_POINTS = (
           "an ignore_eos request waits as a continuation does, before it reports to the prefill delayer",
           GRID_RULES_RELEASES),
     _wrap(_POLICY, "PrefillAdder.add_one_req", prefill_hooks.keep_solo_tiles,
-          "fa2 picks one tile per batch; thin batches move members off their solo tile", GRID_RULES_RELEASES),
+          "fa2 picks one tile per batch; thin batches move members off their solo tile, "
+          "and requests behind a waiting chunked request would take its KV memory", GRID_RULES_RELEASES),
+    _wrap("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache.checkpoint", prefill_hooks.publish_full_tiles,
+          "the tree would serve KV computed in a prompt's partial final q-tile, or by decode", GRID_RULES_RELEASES),
     _add_member("sglang.srt.arg_groups.choices", "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND",
                 "flashinfer", "stock turns the radix cache off under deterministic flashinfer",
                 RADIX_CACHE_ENV, GRID_RULES_RELEASES),

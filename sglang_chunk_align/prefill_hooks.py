@@ -31,6 +31,10 @@ def activate(rules):
     rules_in_force = rules
 
 
+# Set on a PrefillAdder (one per scheduling step) whose chunked request waits this step.
+_PARKED = "sglang_chunk_align_parked_chunk"
+
+
 class _NoGridCut(Exception):
     """The budget holds no grid-aligned cut: the request waits for a later step."""
 
@@ -68,11 +72,8 @@ def admit_on_grid(wrapped, instance, args, kwargs):
     req = args[0] if args else kwargs["req"]
     start = admission.prefix_len
     prompt_len = len(req.full_untruncated_fill_ids)
-    if instance.can_run_list:
-        short_tail = WAIT
-    else:
-        short_tail = RIDE if admission.extend_len >= instance.rem_chunk_tokens else KEEP
-    end = chunk_end(start, admission.extend_len, prompt_len, rules_in_force, short_tail)
+    may_ride = not instance.can_run_list and admission.extend_len >= instance.rem_chunk_tokens
+    end = _grid_cut(instance, start, admission.extend_len, prompt_len, may_ride)
     if end == start:
         return _add_req_result().OTHER
     if end == prompt_len:
@@ -97,7 +98,7 @@ def cut_on_grid(wrapped, instance, args, kwargs):
         return length
     if _unfinished_chunk_in_batch(instance):
         raise _NoGridCut
-    length = chunk_end(0, length, remaining, rules_in_force, _short_tail_at_a_cut(instance))
+    length = _grid_cut(instance, 0, length, remaining)
     if length == 0:
         raise _NoGridCut
     return length
@@ -105,12 +106,18 @@ def cut_on_grid(wrapped, instance, args, kwargs):
 
 def continue_on_grid(wrapped, instance, args, kwargs):
     """Wraps PrefillAdder.add_chunked_req: the chunked request waits for budget, or its short
-    final piece rides with this chunk."""
+    final piece rides with this chunk.
+
+    A waiting (parked) chunked request admits no new request behind it this
+    step (keep_solo_tiles reads the mark): they would take the KV memory it
+    waits for, and SGLang tracks one chunked request only.
+    """
     req = args[0] if args else kwargs["req"]
     try:
         with _riding_final_piece(instance, req):
             return wrapped(*args, **kwargs)
     except _NoGridCut:
+        setattr(instance, _PARKED, req)
         return req
 
 
@@ -124,10 +131,9 @@ def ignore_eos_on_grid(wrapped, instance, args, kwargs):
     req = args[0] if args else kwargs["req"]
     if rules_in_force is not None and instance.rem_chunk_tokens is not None:
         start, prompt_len = req.prefix_len, len(req.full_untruncated_fill_ids)
-        if prompt_len - start > instance.rem_chunk_tokens > 0 and (
+        if prompt_len - start > instance.rem_chunk_tokens > 0 and not _ride_slack(instance, req) and (
             _unfinished_chunk_in_batch(instance)
-            or chunk_end(start, instance.rem_chunk_tokens, prompt_len, rules_in_force,
-                         _short_tail_at_a_cut(instance)) == start
+            or _grid_cut(instance, start, instance.rem_chunk_tokens, prompt_len, warn=False) == start
         ):
             return _add_req_result().OTHER
     with _riding_final_piece(instance, req):
@@ -163,7 +169,8 @@ def _ride_slack(adder, req):
 
 
 def keep_solo_tiles(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_one_req: defer a request that would move a member off its solo tile.
+    """Wraps PrefillAdder.add_one_req: defer a request that would move a member off its solo tile,
+    and every request behind a chunked request parked this step (continue_on_grid).
 
     The candidate's extend is not known before admission, but it is at least
     min(remaining, min_tail) tokens; the batch tile only grows with it, and
@@ -171,7 +178,11 @@ def keep_solo_tiles(wrapped, instance, args, kwargs):
     Its KV is taken as its whole prompt, so that the short-KV exemption
     never excuses it on the strength of that lower bound.
     """
-    if rules_in_force is None or not instance.can_run_list:
+    if rules_in_force is None:
+        return wrapped(*args, **kwargs)
+    if getattr(instance, _PARKED, None) is not None:
+        return _add_req_result().OTHER
+    if not instance.can_run_list:
         return wrapped(*args, **kwargs)
     req = args[0] if args else kwargs["req"]
     prompt_len = len(req.full_untruncated_fill_ids)
@@ -184,10 +195,55 @@ def keep_solo_tiles(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def _short_tail_at_a_cut(adder):
-    """floor_chunked_tokens' cuts are never lengthened (_riding_final_piece does that beforehand):
-    a short final piece waits where other requests left the budget over, else it is kept."""
-    return WAIT if adder.can_run_list else KEEP
+def publish_full_tiles(wrapped, instance, args, kwargs):
+    """Wraps UnifiedRadixCache.checkpoint: the tree takes a request's KV only up to the last
+    grid step of its prompt.
+
+    The rows after it were computed in a partial q-tile, and a longer
+    prompt's solo prefill computes them in a full one: measured on an H200,
+    some differ (benchmarks/README.md, "GQA-1 chat gaps"). Generated tokens'
+    KV comes from the decode kernel, which no prefill reproduces. Stock would
+    publish both, and once in the tree they are served even to a request that
+    recomputed that span itself, because an insert keeps the tree's first copy.
+    release_kv_cache frees what the tree does not take, as for any checkpoint.
+    """
+    if rules_in_force is None:
+        return wrapped(*args, **kwargs)
+    req = args[0] if args else kwargs["req"]
+    grid = rules_in_force.grid
+    full_tiles = min(kwargs["up_to"], len(req.origin_input_ids)) // grid * grid
+    up_to = max(full_tiles, req.kv.cache_protected_len)
+    return wrapped(*args, **{**kwargs, "up_to": up_to})
+
+
+def _grid_cut(adder, start, budget, prompt_len, may_ride=False, warn=True):
+    """chunk_end for an extend the adder cuts at `budget`, with the short-tail handling the
+    adder's state allows: ride where the chunk budget alone cut a request that is alone in the
+    batch (its caller makes room); otherwise wait where other requests left the budget over or
+    running requests will free KV memory; keep the short piece only where nothing will free any,
+    because waiting there would be forever. That last case is not bit-exact, and says so.
+    """
+    if may_ride:
+        short_tail = RIDE
+    elif adder.can_run_list or _running_requests_hold_kv(adder):
+        short_tail = WAIT
+    else:
+        short_tail = KEEP
+    end = chunk_end(start, budget, prompt_len, rules_in_force, short_tail)
+    if warn and short_tail == KEEP and 0 < prompt_len - end < rules_in_force.min_tail:
+        logger.warning(
+            "sglang-chunk-align: KV memory holds %d tokens, too few for the final %d of a prompt "
+            "with no running request to free more: its %d-token final piece runs on a smaller fa2 "
+            "tile than its solo prefill (not bit-exact). Give the KV cache more memory "
+            "(--mem-fraction-static) to avoid this.",
+            budget, prompt_len - start, prompt_len - end,
+        )
+    return end
+
+
+def _running_requests_hold_kv(adder):
+    """Decoding requests will finish and free KV memory; a piece that waits for it gets it."""
+    return adder.running_batch is not None and bool(adder.running_batch.reqs)
 
 
 def _unfinished_chunk_in_batch(adder):

@@ -49,8 +49,8 @@ def adder_with(chunk, kv_tokens, rules, max_new_tokens=2):
             chunked_prefill_size=chunk, tree_components=(ComponentType.FULL,),
         ))
 
-        def new_adder():
-            return PrefillAdder(1, tree, allocator, None, 1.0, 16384, chunk, max_running_requests=4)
+        def new_adder(running_batch=None):
+            return PrefillAdder(1, tree, allocator, running_batch, 1.0, 16384, chunk, max_running_requests=4)
 
         def new_req(rid, prompt_len, ignore_eos=False):
             params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
@@ -79,6 +79,29 @@ def test_continuation_under_a_memory_clamp_ends_on_the_grid(plugin, rules, end):
             assert adder.rem_chunk_tokens == 512 - (end - 256)  # charged what it admitted
         else:
             assert req.extend_end % 128 != 0
+
+
+@pytest.mark.parametrize("running, parked", [(False, False), (True, True)])
+def test_memory_bound_short_final_piece_waits_while_running_requests_will_free_kv(
+    plugin, caplog, running, parked
+):
+    """KV memory for about 150 tokens, 168 left: a grid cut leaves a 40-token final piece. While a
+    request runs (it will free KV) the continuation waits and admits no one behind it; with nothing
+    running, waiting would be forever, so the short piece is kept, with a WARNING."""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    with adder_with(512, kv_tokens=150, rules=True) as (new_adder, new_req):
+        req = new_req(0, 1064)
+        req.prefix_len = 896
+        running_batch = SimpleNamespace(batch_size=lambda: 1, reqs=[new_req(1, 8)]) if running else None
+        adder = new_adder(running_batch)
+        assert adder.add_chunked_req(req) is req  # not finished
+        if parked:
+            assert adder.can_run_list == [] and adder.rem_chunk_tokens == 512
+            assert admit_new(adder, new_req(2, 16)) == AddReqResult.OTHER and adder.can_run_list == []
+        else:
+            assert adder.can_run_list == [req] and req.extend_end == 1024
+            assert "40-token final piece runs on a smaller fa2 tile" in caplog.text
 
 
 @pytest.mark.parametrize("rules, end", [(True, 1040), (False, 1024)])

@@ -135,3 +135,15 @@ def test_length_alignment_alone_fails_the_same_checks():
     assert starts[0] == 1000
     with pytest.raises(AssertionError, match="request 1 starts at 1000"):
         assert_every_batch_is_exact(requests, result, 256)
+
+
+def test_the_tree_serves_only_kv_computed_in_full_q_tiles():
+    """Three turns of one conversation at group 1: turn 1 reuses turn 0 up to the grid (1024) and
+    recomputes 1024..1041 in a full q-tile. Stock's tree keeps turn 0's copy of those rows (computed
+    in its partial final tile) and serves it to turn 2; with the rules it never took that copy."""
+    shape = SHAPES["g1-d128"]
+    prompts = [(1042, 1041, 0), (1500, 1499, 8), (2000, 1999, 16)]
+    requests, result = run_schedule(prompts, 512, 16384, radix=True, shape=shape)
+    turn_2 = scheduling.donor_runs(result)[2]
+    assert [donor for donor, _, end in turn_2 if end > 1024] == [1]
+    assert_every_batch_is_exact(requests, result, 512, Rules(1, 128), shape)
