@@ -201,8 +201,8 @@ def publish_full_tiles(wrapped, instance, args, kwargs):
 
     The rows after it were computed in a partial q-tile, and a longer
     prompt's solo prefill computes them in a full one: measured on an H200,
-    some differ (benchmarks/README.md, "GQA-1 chat gaps"). Generated tokens'
-    KV comes from the decode kernel, which no prefill reproduces. Stock would
+    some differ; generated tokens' KV comes from decode steps, whose rows no
+    prefill reproduces (tests/gpu/README.md, "Kernel facts"). Stock would
     publish both, and once in the tree they are served even to a request that
     recomputed that span itself, because an insert keeps the tree's first copy.
     release_kv_cache frees what the tree does not take, as for any checkpoint.
