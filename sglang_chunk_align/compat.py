@@ -1,18 +1,18 @@
 """Which SGLang releases the plugin supports, declared once as data.
 
 The version is read from package metadata, so checking it imports nothing of
-SGLang: the check runs in every process that loads plugins.
+SGLang: the check runs in every process that loads plugins. For the same
+reason version gates are read here (admits), not by packaging.specifiers.
 """
 
 import os
 from importlib import metadata
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from . import releases
 
-SUPPORTED_SGLANG = SpecifierSet(releases.SUPPORTED)
+SUPPORTED_SGLANG = releases.SUPPORTED  # a version gate (admits)
 # Set to 1 to try an untested newer release: every patch point is still checked.
 ALLOW_UNTESTED_ENV = "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED"
 # Set to 0 to keep only the 128-token length alignment (planning.py's rules off).
@@ -44,6 +44,28 @@ def installed_version(dist="sglang"):
         return Version(metadata.version(dist))
     except metadata.PackageNotFoundError:
         return None
+
+
+def admits(gate, version):
+    """Whether `version` passes `gate`, comma-separated ">=A" and "<B" clauses ("" passes all).
+
+    It answers as packaging's SpecifierSet(gate).contains(version, prereleases=True)
+    does (tests/test_loading.py checks every gate): "<B" also refuses B's own pre-, dev- and
+    post-releases. Importing packaging.specifiers would cost every process that loads
+    plugins ~5 ms: it compiles a large regular expression.
+    """
+    return all(
+        version >= bound if operator == ">=" else version < bound and Version(version.base_version) != bound
+        for operator, bound in _clauses(gate)
+    )
+
+
+def _clauses(gate):
+    for clause in filter(None, (c.strip() for c in gate.split(","))):
+        operator = ">=" if clause.startswith(">=") else "<" if clause.startswith("<") else None
+        if operator is None:
+            raise ValueError(f"version gate {gate!r}: each clause is >=A or <B")
+        yield operator, Version(clause[len(operator):])
 
 
 def sglang_at_least(release):
@@ -89,7 +111,7 @@ def check_sglang_version(version):
         raise ChunkAlignError(
             "SGLang is not installed: install sglang first.", remedy=f"Install SGLang ({SUPPORTED_SGLANG})."
         )
-    if SUPPORTED_SGLANG.contains(version, prereleases=True):
+    if admits(SUPPORTED_SGLANG, version):
         return None
     if version < _lowest_supported():
         raise ChunkAlignError(
@@ -110,4 +132,4 @@ def check_sglang_version(version):
 
 
 def _lowest_supported():
-    return min(Version(spec.version) for spec in SUPPORTED_SGLANG if ">" in spec.operator)
+    return min(bound for operator, bound in _clauses(SUPPORTED_SGLANG) if operator == ">=")
