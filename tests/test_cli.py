@@ -91,8 +91,9 @@ def test_doctor_reports_the_grid_rules_off():
     assert report["switches"]["SGLANG_CHUNK_ALIGN_RULES"] == 0
     assert report["grid_rules"] == "off (SGLANG_CHUNK_ALIGN_RULES=0)" and report["grid"] is None
     off = [p["name"] for p in report["patch_points"] if p["status"] == "off (SGLANG_CHUNK_ALIGN_RULES=0)"]
-    assert off == [p.name for p in patches.PATCH_POINTS if "schedule_policy" in p.module or p.target == "match_kv_cache"]
-    assert len(off) == 6
+    rules = [p.name for p in patches.PATCH_POINTS
+             if "schedule_policy" in p.module or p.target in ("match_kv_cache", "UnifiedRadixCache.checkpoint")]
+    assert off == rules and len(off) == 7
     assert "sglang.srt.managers.scheduler.Scheduler.check_truncation_align_fits_chunk" not in off
 
 
