@@ -17,8 +17,15 @@ SUPPORTED = ">=0.5.12,<0.5.24"
 # First release where stock SGLang refuses a chunk below the alignment at startup
 # (check_truncation_align_fits_chunk) and no longer aligns deterministic triton.
 STOCK_STARTUP_CHECK = "0.5.22"
-# First release with every admission path the grid rules patch (PrefillAdder.floor_chunked_tokens).
-GRID_RULES = "0.5.23"
+# First release where the grid rules run: PrefillAdder has every admission path they
+# patch (_select_prefill_admission, and memory_budget.fit_chunk for continuation cuts).
+GRID_RULES = "0.5.21"
+# First release where the rules reach radix hits and the tree (match_kv_cache,
+# UnifiedRadixCache.checkpoint), so the radix opt-in is offered.
+RADIX_OPT_IN = "0.5.22"
+# First release with PrefillAdder.floor_chunked_tokens, where continuation cuts are hooked
+# directly; before it, through the adder's memory budget.
+FLOOR_CHUNKED_TOKENS = "0.5.23"
 # What a release without the grid rules leaves inexact: the scheduler's startup
 # WARNING and doctor say it in these words.
 WITHOUT_GRID_RULES = (
