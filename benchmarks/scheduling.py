@@ -1,9 +1,11 @@
 """Phase 1 of the replay benchmark: schedule a workload with SGLang's real PrefillAdder (CPU).
 
 The workload is scheduled by SGLang's own PrefillAdder, UnifiedRadixCache
-(the tree of the installed release, disabled for radix off), token/request
-pools, ScheduleBatch and SchedulePolicy, driven step by step the way
-Scheduler.get_next_batch_to_run drives them. Stand-ins replace only what needs
+(the tree of the installed release, disabled for radix off; a ChunkCache
+before 0.5.22), token/request pools, ScheduleBatch and SchedulePolicy, driven
+step by step the way Scheduler.get_next_batch_to_run drives them (0.5.23's;
+the few calls older releases with the grid rules spell differently are
+branched where they are made). Stand-ins replace only what needs
 a GPU or a model: the model runner (no forward pass: each step samples a
 fixed token), ModelConfig, and the backend and Scheduler whose alignment
 steps run (sglang_chunk_align.standins). Every prefill step's batch is
@@ -213,9 +215,10 @@ class SchedulerDriver:
         adder = self.new_adder()
         if self.chunked_req is not None:
             self.chunked_req.init_next_round_input()
-            adder.chunked_req_limit = self.policy.shortest_prefill_chunk_limit(
-                self.chunked_req, self.waiting, adder.rem_chunk_tokens or 0, 1
-            )
+            if hasattr(self.policy, "shortest_prefill_chunk_limit"):  # 0.5.21+
+                adder.chunked_req_limit = self.policy.shortest_prefill_chunk_limit(
+                    self.chunked_req, self.waiting, adder.rem_chunk_tokens or 0, 1
+                )
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
         for req in self.waiting:
             if adder.budget_state() == AddReqResult.OTHER:

@@ -146,7 +146,10 @@ PATCH_POINTS = (
           "a continuation whose budget holds no grid cut waits, and a short final piece rides along", _FLOOR),
     _wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_budget,
           "as above; without floor_chunked_tokens the cut is taken from the adder's memory budget",
-          f"{GRID_RULES_RELEASES},<{releases.FLOOR_CHUNKED_TOKENS}"),
+          f">={releases.MEMORY_BUDGET},<{releases.FLOOR_CHUNKED_TOKENS}"),
+    _wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_extend,
+          "as above; without a memory budget object the cut is set through req.set_extend_range",
+          f"{GRID_RULES_RELEASES},<{releases.MEMORY_BUDGET}"),
     _wrap(_POLICY, "PrefillAdder.add_one_req_ignore_eos", prefill_hooks.ignore_eos_on_grid,
           "stock cuts an ignore_eos request at the chunk budget, off the grid; one with no grid cut "
           "waits as a continuation does, before it reports to the prefill delayer", GRID_RULES_RELEASES),

@@ -16,6 +16,7 @@ flashinfer scheduler, or the rules switched off) every wrapper passes through.
 """
 
 import contextlib
+import functools
 import logging
 from dataclasses import replace
 
@@ -128,28 +129,49 @@ def continue_on_grid(wrapped, instance, args, kwargs):
 
 
 def continue_on_grid_by_budget(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_chunked_req before 0.5.23, which has no floor_chunked_tokens to wrap:
+    """Wraps PrefillAdder.add_chunked_req on 0.5.21-0.5.22, which have no floor_chunked_tokens:
     as continue_on_grid, with the cut taken where stock takes it from.
 
     Stock cuts a continuation at what the adder's memory budget fits
     (memory_budget.fit_chunk, which only add_chunked_req calls), so for this
-    call that budget answers through the continuation cut. The budget object
-    is the adder's own, built for this step; the override is removed again.
+    call that budget, the adder's own for this step, answers on the grid.
     """
     if rules_in_force is None:
         return wrapped(*args, **kwargs)
-    budget = instance.memory_budget
-    fit_chunk = budget.fit_chunk
 
-    def fit_on_grid(*, extend_input_len, **limits):
+    def fit_on_grid(fit_chunk, *, extend_input_len, **limits):
         limit = fit_chunk(extend_input_len=extend_input_len, **limits)
         return None if limit is None else _continuation_cut(instance, limit, extend_input_len)
 
-    budget.fit_chunk = fit_on_grid
-    try:
+    with _answering_on_grid(instance.memory_budget, "fit_chunk", fit_on_grid):
         return continue_on_grid(wrapped, instance, args, kwargs)
+
+
+def continue_on_grid_by_extend(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.add_chunked_req on 0.5.20, which has no memory budget object either:
+    stock clamps the continuation itself and hands its end to req.set_extend_range before
+    charging the budget, so for this call that sets the end on the grid.
+    """
+    if rules_in_force is None:
+        return wrapped(*args, **kwargs)
+    req = args[0] if args else kwargs["req"]
+
+    def extend_on_grid(set_extend_range, start, end):
+        set_extend_range(start, start + _continuation_cut(instance, end - start, len(req.full_untruncated_fill_ids) - start))
+
+    with _answering_on_grid(req, "set_extend_range", extend_on_grid):
+        return continue_on_grid(wrapped, instance, args, kwargs)
+
+
+@contextlib.contextmanager
+def _answering_on_grid(owner, method, answer):
+    """For one stock call, owner.<method> is answer(stock method, ...): an instance attribute over
+    the class's method, removed again after the call. The class itself is never touched."""
+    setattr(owner, method, functools.partial(answer, getattr(owner, method)))
+    try:
+        yield
     finally:
-        del budget.fit_chunk
+        delattr(owner, method)
 
 
 def ignore_eos_on_grid(wrapped, instance, args, kwargs):

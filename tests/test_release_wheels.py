@@ -51,9 +51,10 @@ SIGNATURES = {
     "match_kv_cache": "req, tree_cache, ..., *, max_prefix_len",
 }
 # Calls inside a wrapped function that its wrapper relies on, by wrapper: the callee as
-# written there, and a keyword it must pass.
+# written there, and a keyword it must pass (None: positional arguments).
 CALLS = {
     prefill_hooks.continue_on_grid_by_budget: ("self.memory_budget.fit_chunk", "extend_input_len"),
+    prefill_hooks.continue_on_grid_by_extend: ("req.set_extend_range", None),
 }
 
 
@@ -157,13 +158,15 @@ def _wrapped_problems(wheel, point, stock, class_name):
         return [f"{point.name}: signature ({ast.unparse(stock.args)}) in {where}, expected ({expected})"]
     call = CALLS.get(point.wrapper)
     if call and not _calls(stock, *call):
-        return [f"{point.name}: no call {call[0]}({call[1]}=...) in {where}"]
+        callee, keyword = call
+        return [f"{point.name}: no call {callee}({f'{keyword}=...' if keyword else ''}) in {where}"]
     return []
 
 
 def _calls(function, callee, keyword):
     return any(
-        isinstance(node, ast.Call) and ast.unparse(node.func) == callee and any(k.arg == keyword for k in node.keywords)
+        isinstance(node, ast.Call) and ast.unparse(node.func) == callee
+        and (keyword is None or any(k.arg == keyword for k in node.keywords))
         for node in ast.walk(function)
     )
 
@@ -206,12 +209,19 @@ def test_checker_reports_a_wrong_point(point, reported):
     assert reported in problem
 
 
-def test_checker_reports_a_missing_call():
-    """0.5.20's add_chunked_req clamps a continuation itself: it has no memory budget to answer through."""
-    point = _wrong("PrefillAdder.add_chunked_req", "sglang.srt.managers.schedule_policy",
-                   wrapper=prefill_hooks.continue_on_grid_by_budget)
-    (problem,) = point_problems(release_wheel("0.5.20"), point)
-    assert "no call self.memory_budget.fit_chunk(extend_input_len=...)" in problem
+@pytest.mark.parametrize(
+    "wrapper, release, reported",
+    [
+        # 0.5.20's add_chunked_req clamps a continuation itself: no memory budget answers for it.
+        (prefill_hooks.continue_on_grid_by_budget, "0.5.20", "no call self.memory_budget.fit_chunk(extend_input_len=...)"),
+        # 0.5.22's sets req.extend_end directly.
+        (prefill_hooks.continue_on_grid_by_extend, "0.5.22", "no call req.set_extend_range()"),
+    ],
+)
+def test_checker_reports_a_missing_call(wrapper, release, reported):
+    point = _wrong("PrefillAdder.add_chunked_req", "sglang.srt.managers.schedule_policy", wrapper=wrapper)
+    (problem,) = point_problems(release_wheel(release), point)
+    assert reported in problem
 
 
 @pytest.mark.parametrize(
