@@ -155,9 +155,10 @@ def continue_on_grid_by_extend(wrapped, instance, args, kwargs):
     if rules_in_force is None:
         return wrapped(*args, **kwargs)
     req = args[0] if args else kwargs["req"]
+    prompt_len = len(req.full_untruncated_fill_ids)
 
     def extend_on_grid(set_extend_range, start, end):
-        set_extend_range(start, start + _continuation_cut(instance, end - start, len(req.full_untruncated_fill_ids) - start))
+        set_extend_range(start, start + _continuation_cut(instance, end - start, prompt_len - start))
 
     with _answering_on_grid(req, "set_extend_range", extend_on_grid):
         return continue_on_grid(wrapped, instance, args, kwargs)

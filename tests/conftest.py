@@ -30,7 +30,9 @@ if sglang_at_least(releases.GRID_RULES) and not sglang_at_least("0.5.22"):
 # marker -> (the first release it runs on, what that release brings)
 RELEASE_MARKERS = {
     "needs_grid_rules": (releases.GRID_RULES, "the grid rules"),
-    "needs_radix_opt_in": (releases.RADIX_OPT_IN, "the radix opt-in, where the grid rules reach radix hits and the tree"),
+    "needs_radix_opt_in": (
+        releases.RADIX_OPT_IN, "the radix opt-in, where the grid rules reach radix hits and the tree"
+    ),
 }
 
 
