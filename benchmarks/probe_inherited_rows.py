@@ -3,6 +3,10 @@
 For the chat workload's plugin-256 schedule at g1-d128 (page 1), prints each
 inexact reused row: the request, the donor that computed it, the position,
 the donor's prompt length and the steps in which the donor computed it.
+logs/h200_probe_inherited_rows.log is its output on the schedules of commit
+3b0cf98, before the radix tree stopped taking partial-tile rows
+(prefill_hooks.publish_full_tiles); on today's schedules the replay finds no
+inexact reused row, so it prints nothing.
 Run from the repository root: python3 -m benchmarks.probe_inherited_rows
 """
 

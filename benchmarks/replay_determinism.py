@@ -291,22 +291,59 @@ def schedule_report(doc, shapes=SHAPES):
     return _table(header, rows)
 
 
-def cost_report(doc, shapes=SHAPES, against="upstream-128"):
-    """What the grid rules cost against length alignment alone, per (page, shape), radix on: the
-    prefill steps, and the cached tokens they give up (reuse rounded to the grid and recomputed)."""
+def cost_report(doc, against="upstream-128", stock="stock-4096"):
+    """What the grid rules cost, per (page, shape), radix on, for each plugin schedule whose chunk
+    matches `against` (length alignment alone, same chunk): prefill steps against it and against
+    stock SGLang, the cached tokens given up, and where the extra steps come from.
+
+    Every step spends the chunk budget on extend tokens or leaves some unused, so
+    (extra steps) x chunk = (tokens recomputed) + (extra budget unused where a request was cut)
+    + (extra budget unused elsewhere). The first is radix hits rounded down to the grid; the
+    second, cuts rounded down to the grid (a final piece that rides along spends more than the
+    budget and counts negative); the third, steps closed early to keep batch members on their
+    solo tiles or a chunked request waiting. Each is shown in steps (tokens / chunk).
+    """
     by_key = {(s["page_size"], s["radix"], s["config"], s["shape"]): s for s in doc["schedules"]}
-    header = ["page", "shape", "config", "prefill steps", f"vs {against}", "cached tokens reused",
-              "cached tokens given up"]
+    prompt_len = {r["rid"]: r["prompt_len"] for r in doc["requests"]}
+    header = ["page", "shape", "config", "prefill steps", f"vs {against}", f"vs {stock}",
+              "cached tokens reused", "given up", f"given up vs {stock}", "extra steps: recompute", "cut rounding",
+              "deferrals"]
     rows = []
     for (page, radix, config, shape), schedule in by_key.items():
         baseline = by_key.get((page, radix, against, None))
         if not radix or shape is None or baseline is None or schedule["chunk"] != baseline["chunk"]:
             continue
-        given_up = 1 - schedule["radix_hit_tokens"] / max(1, baseline["radix_hit_tokens"])
-        rows.append([page, shape, config, schedule["prefill_steps"],
-                     f"{schedule['prefill_steps'] / baseline['prefill_steps']:.3f}x",
-                     f"{schedule['radix_hit_tokens']} / {baseline['radix_hit_tokens']}", f"{100 * given_up:.1f}%"])
+        chunk = schedule["chunk"]
+        mine, theirs = _budget_use(schedule, prompt_len), _budget_use(baseline, prompt_len)
+        stock_schedule = by_key.get((page, radix, stock, None))
+        rows.append([
+            page, shape, config, schedule["prefill_steps"],
+            f"{schedule['prefill_steps'] / baseline['prefill_steps']:.3f}x",
+            f"{schedule['prefill_steps'] / stock_schedule['prefill_steps']:.2f}x" if stock_schedule else "-",
+            f"{schedule['radix_hit_tokens']} / {baseline['radix_hit_tokens']}",
+            _given_up(schedule, baseline), _given_up(schedule, stock_schedule),
+            *(f"{(a - b) / chunk:+.1f}" for a, b in zip(mine, theirs)),
+        ])
     return _table(header, rows)
+
+
+def _given_up(schedule, baseline):
+    if baseline is None:
+        return "-"
+    return f"{100 * (1 - schedule['radix_hit_tokens'] / max(1, baseline['radix_hit_tokens'])):.1f}%"
+
+
+def _budget_use(schedule, prompt_len):
+    """(extend tokens, budget unused in steps that cut a request, budget unused in other steps)."""
+    chunk, tokens, unused_at_cuts, unused_elsewhere = schedule["chunk"], 0, 0, 0
+    for step in schedule["steps"]:
+        step_tokens = sum(e - s for _, s, e in step)
+        tokens += step_tokens
+        if any(e < prompt_len[rid] for rid, _, e in step):
+            unused_at_cuts += chunk - step_tokens
+        else:
+            unused_elsewhere += chunk - step_tokens
+    return tokens, unused_at_cuts, unused_elsewhere
 
 
 RESULT_COLUMNS = ("workload", "page_size", "shape", "radix", "config", "exact_pct", "predicted_exact_pct", "rows_mismatched",
@@ -375,7 +412,16 @@ def main(argv=None):
     rep.add_argument("--shapes", nargs="+", choices=[s.name for s in SHAPES], default=[s.name for s in SHAPES])
     show = sub.add_parser("report", help="print the tables of a results document (JSON)")
     show.add_argument("--results", required=True)
+    cost = sub.add_parser("cost", help="print the cost tables of schedule documents (JSON)")
+    cost.add_argument("--schedules", nargs="+", required=True)
     args = parser.parse_args(argv)
+
+    if args.command == "cost":
+        for path in args.schedules:
+            with open(path) as f:
+                doc = json.load(f)
+            print(f"{doc['meta']['name']}:\n{cost_report(doc)}\n")
+        return 0
 
     if args.command == "report":
         with open(args.results) as f:

@@ -369,6 +369,7 @@ def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, T
     """
     from importlib import metadata
 
+    checkout = checkout_state()  # before scheduling: the code that runs is the code imported now
     requests, group_lens = make_workload(spec)
     groups = group_token_lists(group_lens)
     arrivals = [(request, prompt_tokens(request, groups)) for request in requests]
@@ -387,7 +388,7 @@ def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, T
                     ))
     return dict(
         meta=dict(name=name, sglang=metadata.version("sglang"), seed=WORKLOAD_SEED, workload=asdict(spec),
-                  checkout=checkout_state()),
+                  checkout=checkout),
         requests=[asdict(request) for request in requests],
         group_lens=group_lens,
         schedules=schedules,

@@ -1,18 +1,18 @@
 """Which SGLang releases the plugin supports, declared once as data.
 
 The version is read from package metadata, so checking it imports nothing of
-SGLang: the check runs in every process that loads plugins.
+SGLang: the check runs in every process that loads plugins. For the same
+reason version gates are read here (admits), not by packaging.specifiers.
 """
 
 import os
 from importlib import metadata
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from . import releases
 
-SUPPORTED_SGLANG = SpecifierSet(releases.SUPPORTED)
+SUPPORTED_SGLANG = releases.SUPPORTED  # a version gate (admits)
 # Set to 1 to try an untested newer release: every patch point is still checked.
 ALLOW_UNTESTED_ENV = "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED"
 # Set to 0 to keep only the 128-token length alignment (planning.py's rules off).
@@ -51,6 +51,28 @@ def installed_version(dist="sglang"):
         return None
 
 
+def admits(gate, version):
+    """Whether `version` passes `gate`, comma-separated ">=A" and "<B" clauses ("" passes all).
+
+    It answers as packaging's SpecifierSet(gate).contains(version, prereleases=True)
+    does (tests/test_loading.py checks every gate): "<B" also refuses B's own pre-, dev- and
+    post-releases. Importing packaging.specifiers would cost every process that loads
+    plugins ~5 ms: it compiles a large regular expression.
+    """
+    return all(
+        version >= bound if operator == ">=" else version < bound and Version(version.base_version) != bound
+        for operator, bound in _clauses(gate)
+    )
+
+
+def _clauses(gate):
+    for clause in filter(None, (c.strip() for c in gate.split(","))):
+        operator = ">=" if clause.startswith(">=") else "<" if clause.startswith("<") else None
+        if operator is None:
+            raise ValueError(f"version gate {gate!r}: each clause is >=A or <B")
+        yield operator, Version(clause[len(operator):])
+
+
 def sglang_at_least(release):
     """Whether the installed SGLang is `release` (a releases.py name) or newer."""
     version = installed_version()
@@ -59,13 +81,20 @@ def sglang_at_least(release):
 
 def req_prefix_len(req):
     """Tokens of an SGLang Req whose KV it already has: Req.prefix_len from 0.5.22, the
-    length of its KV indices (Req.prefix_indices) before."""
-    return len(req.prefix_indices) if hasattr(req, "prefix_indices") else req.prefix_len
+    length of its KV indices (Req.prefix_indices) before. The newer name is tried first:
+    a try that does not raise costs nothing, and the PrefillAdder wrappers ask per request."""
+    try:
+        return req.prefix_len
+    except AttributeError:
+        return len(req.prefix_indices)
 
 
 def req_extend_end(req):
     """Where an SGLang Req's admitted extend ends: Req.extend_end from 0.5.22, Req.extend_range before."""
-    return req.extend_range.end if hasattr(req, "extend_range") else req.extend_end
+    try:
+        return req.extend_end
+    except AttributeError:
+        return req.extend_range.end
 
 
 def env_flag(name, default):
@@ -105,7 +134,7 @@ def check_sglang_version(version):
         raise ChunkAlignError(
             "SGLang is not installed: install sglang first.", remedy=f"Install SGLang ({SUPPORTED_SGLANG})."
         )
-    if SUPPORTED_SGLANG.contains(version, prereleases=True):
+    if admits(SUPPORTED_SGLANG, version):
         return None
     if version < _lowest_supported():
         raise ChunkAlignError(
@@ -126,4 +155,4 @@ def check_sglang_version(version):
 
 
 def _lowest_supported():
-    return min(Version(spec.version) for spec in SUPPORTED_SGLANG if ">" in spec.operator)
+    return min(bound for operator, bound in _clauses(SUPPORTED_SGLANG) if operator == ">=")

@@ -27,10 +27,9 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 import wrapt
-from packaging.specifiers import SpecifierSet
 
 from . import backends, prefill_hooks, releases, scheduler_hooks
-from .compat import RADIX_CACHE_ENV, ChunkAlignError, check_sglang_version, env_flag, installed_version
+from .compat import RADIX_CACHE_ENV, ChunkAlignError, admits, check_sglang_version, env_flag, installed_version
 
 logger = logging.getLogger("sglang_chunk_align")
 
@@ -45,11 +44,13 @@ _RADIX = f">={releases.RADIX_OPT_IN}"  # the grid rules for radix hits and the t
 _ABSENT = object()
 
 
-@dataclass(frozen=True)
+# Neither frozen nor compared by value: every method a dataclass generates costs each process
+# that loads plugins ~0.2 ms at import, and nothing changes or compares the table's points.
+@dataclass(eq=False)
 class PatchPoint:
     module: str
     target: str  # "Class.attribute", or "attribute" of the module
-    versions: SpecifierSet
+    versions: str  # a version gate (compat.admits): ">=0.5.22", "<0.5.22", ALL_RELEASES
     reason: str
     # Exactly one of: a wrapt wrapper for an existing function or method; a
     # new attribute value to declare; an item to add to an existing list.
@@ -69,15 +70,15 @@ class PatchPoint:
 
 
 def _declare(module, target, value, reason, versions=ALL_RELEASES):
-    return PatchPoint(module, target, SpecifierSet(versions), reason, declare=value)
+    return PatchPoint(module, target, versions, reason, declare=value)
 
 
 def _wrap(module, target, wrapper, reason, versions=ALL_RELEASES):
-    return PatchPoint(module, target, SpecifierSet(versions), reason, wrapper=wrapper)
+    return PatchPoint(module, target, versions, reason, wrapper=wrapper)
 
 
 def _add_member(module, target, member, reason, opt_in, versions=ALL_RELEASES):
-    return PatchPoint(module, target, SpecifierSet(versions), reason, member=member, opt_in=opt_in)
+    return PatchPoint(module, target, versions, reason, member=member, opt_in=opt_in)
 
 
 def _forward(module, class_name, children, reason, versions=ALL_RELEASES):
@@ -239,7 +240,7 @@ def installed_names():
 
 def release_points(version):
     """The points whose version gate admits `version`, opt-in or not; at most one per target."""
-    points = [p for p in PATCH_POINTS if p.versions.contains(version, prereleases=True)]
+    points = [p for p in PATCH_POINTS if admits(p.versions, version)]
     names = [p.name for p in points]
     overlapping = sorted({name for name in names if names.count(name) > 1})
     if overlapping:

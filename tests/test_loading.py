@@ -173,3 +173,51 @@ def test_a_point_failing_when_its_module_is_imported_restores_stock_and_guards(f
     assert refused.startswith(f"scheduler: {[patches.FAILURE_GUARD.name]!r}")
     assert "NoSuchBackend" in refused and "Refusing to start deterministic flashinfer" in refused
     assert "sglang-chunk-align FAILED: SGLang" in result.stderr and "NoSuchBackend" in result.stderr
+
+
+def _gates():
+    from sglang_chunk_align import compat, patches
+
+    return sorted({compat.SUPPORTED_SGLANG, patches.GRID_RULES_RELEASES, *(p.versions for p in patches.PATCH_POINTS)})
+
+
+def _near(bound):
+    """Versions on either side of a gate's bound, and its own pre-, dev-, post- and local releases."""
+    major, minor, patch = bound.split(".")
+    return [f"{major}.{minor}.{int(patch) + step}{suffix}" for step in (-1, 0, 1)
+            for suffix in ("", "rc1", ".dev0", ".post1", "+local", ".0", ".1")] + [f"1!{bound}"]
+
+
+def test_version_gates_answer_as_packaging_specifiers_does():
+    """compat.admits reads the gates at load time without packaging.specifiers; it must agree with it."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    from sglang_chunk_align import compat, releases
+
+    bounds = {clause.strip().lstrip("<>=") for gate in _gates() for clause in gate.split(",") if clause.strip()}
+    versions = {Version(v) for v in (*releases.RELEASES, *(n for b in bounds for n in _near(b)))}
+    disagree = [(gate, str(v)) for gate in _gates() for v in sorted(versions)
+                if compat.admits(gate, v) != SpecifierSet(gate).contains(v, prereleases=True)]
+    assert not disagree
+    assert len({compat.admits(gate, v) for gate in _gates() for v in versions}) == 2  # the gates do refuse
+
+
+@pytest.mark.parametrize("gate", [">0.5.12", "==0.5.12", "~=0.5", "0.5.12"])
+def test_a_gate_with_another_operator_is_refused(gate):
+    from packaging.version import Version
+
+    from sglang_chunk_align import compat
+
+    with pytest.raises(ValueError, match="each clause is >=A or <B"):
+        compat.admits(gate, Version("0.5.12"))
+
+
+def test_loading_the_plugin_imports_no_version_specifier_parser(fresh_python):
+    """packaging.specifiers costs ~5 ms to import; the plugin loads in every SGLang process."""
+    result = fresh_python(
+        "import sys\nfrom sglang_chunk_align.plugin import load\nload()\n"
+        "print(sorted(m for m in ('packaging.specifiers', 'sglang_chunk_align.patches') if m in sys.modules))"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "['sglang_chunk_align.patches']"

@@ -1,5 +1,7 @@
 """The overhead benchmark's plumbing (benchmarks/overhead.py) in --quick mode; never its timings."""
 
+import statistics
+
 import pytest
 
 from benchmarks import overhead
@@ -28,7 +30,11 @@ def test_quick_run_measures_both_arms_of_every_cell(tmp_path, capsys):
         assert len(raw["rules"]["plugin"]) == 1 and "grid" in raw["rules"]["plugin"][0]
         # Both arms decided the same thing, so the timings compare like with like.
         assert raw["outcomes"]["stock"] == raw["outcomes"]["plugin"]
-        assert f"{kind}: ratio {doc['decisions']['summary'][kind]['ratio']:.3f} (" in out
+        summary = doc["decisions"]["summary"][kind]
+        assert f"{kind}: ratio {summary['ratio']:.3f} (" in out
+        fastest = [min(statistics.median(times) for times in raw[arm]) / 1000 for arm in ("stock", "plugin")]
+        assert summary["fastest_round_us"] == fastest
+        assert f"fastest rounds {fastest[0]:.1f} µs stock, {fastest[1]:.1f} µs plugin)" in out
 
     for label in overhead.LOAD_MODULES:
         cell = doc["load"]["raw"][label]

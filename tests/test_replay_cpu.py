@@ -162,7 +162,14 @@ def test_plugin_schedules_are_predicted_exact_on_every_shape_chunk_and_page(plug
 def test_cost_report_compares_each_shape_with_length_alignment(plugin_doc):
     report = replay_determinism.cost_report(plugin_doc)
     assert report.count("| plugin-256 |") == 2 * len(workload.SHAPES)  # radix on, pages 1 and 16
-    assert "vs upstream-128" in report
+    assert "vs upstream-128" in report and "given up vs stock-4096" in report
+
+
+def test_budget_use_splits_unused_budget_at_cuts_from_the_rest():
+    """Chunk 256: a 300-token prompt cut at 256 (the budget spent), then its 44-token rest with a
+    100-token request (112 unused, no cut); then a 200-token prompt cut at 128 (128 unused at a cut)."""
+    schedule = {"chunk": 256, "steps": [[(0, 0, 256)], [(0, 256, 300), (1, 0, 100)], [(2, 0, 128)], [(2, 128, 200)]]}
+    assert replay_determinism._budget_use(schedule, {0: 300, 1: 100, 2: 200}) == (600, 128, 112 + 184)
 
 
 def test_schedule_command_prints_the_report(capsys, tmp_path):
