@@ -1,9 +1,11 @@
 """Phase 1 of the replay benchmark: schedule a workload with SGLang's real PrefillAdder (CPU).
 
 The workload is scheduled by SGLang's own PrefillAdder, UnifiedRadixCache
-(the tree of the installed release, disabled for radix off), token/request
-pools, ScheduleBatch and SchedulePolicy, driven step by step the way
-Scheduler.get_next_batch_to_run drives them. Stand-ins replace only what needs
+(the tree of the installed release, disabled for radix off; a ChunkCache
+before 0.5.22), token/request pools, ScheduleBatch and SchedulePolicy, driven
+step by step the way Scheduler.get_next_batch_to_run drives them (0.5.23's;
+the few calls older releases with the grid rules spell differently are
+branched where they are made). Stand-ins replace only what needs
 a GPU or a model: the model runner (no forward pass: each step samples a
 fixed token), ModelConfig, and the backend and Scheduler whose alignment
 steps run (sglang_chunk_align.standins). Every prefill step's batch is
@@ -19,6 +21,7 @@ from types import SimpleNamespace
 from typing import Optional
 
 from sglang_chunk_align import standins
+from sglang_chunk_align.compat import req_extend_end, req_prefix_len, sglang_at_least
 
 from .workload import (
     CONFIGS, OUTPUT_BASE, SHAPES, VOCAB_SIZE, WORKLOAD_SEED, ModelShape, RequestSpec, SchedulingConfig, WorkloadSpec,
@@ -67,6 +70,24 @@ def truncation_align_size(server_args, shape: Optional[ModelShape] = None, page_
     return standins.run_alignment_steps(standins.scheduler(server_args, backend, page_size=page_size))
 
 
+def prefix_cache(radix, req_pool, allocator, page_size, chunk):
+    """The prefix cache the scheduler builds for chunked prefill (mem_cache/registry.py): a
+    UnifiedRadixCache, disabled for radix off; before 0.5.22, a ChunkCache for radix off."""
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    params = CacheInitParams(
+        disable=not radix, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator,
+        page_size=page_size, chunked_prefill_size=chunk, tree_components=(ComponentType.FULL,),
+    )
+    if not radix and not sglang_at_least("0.5.22"):
+        from sglang.srt.mem_cache.chunk_cache import ChunkCache
+
+        return ChunkCache(params)
+    return UnifiedRadixCache(params)
+
+
 class SchedulerDriver:
     """SGLang's scheduling loop, step by step, over real SGLang objects.
 
@@ -83,10 +104,7 @@ class SchedulerDriver:
         from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-        from sglang.srt.mem_cache.unified_cache.components import ComponentType
-        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
         from sglang.srt.runtime_context import get_schedule
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -103,14 +121,7 @@ class SchedulerDriver:
                 spec.kv_tokens, page_size, torch.bfloat16, "cpu", kv, need_sort=False
             )
         self.req_pool = ReqToTokenPool(spec.max_running_requests, spec.max_prompt + spec.max_output + 8, "cpu", False)
-        self.tree = UnifiedRadixCache(CacheInitParams(
-            disable=not radix,
-            req_to_token_pool=self.req_pool,
-            token_to_kv_pool_allocator=self.allocator,
-            page_size=page_size,
-            chunked_prefill_size=self.chunk,
-            tree_components=(ComponentType.FULL,),
-        ))
+        self.tree = prefix_cache(radix, self.req_pool, self.allocator, page_size, self.chunk)
         self.policy = SchedulePolicy(get_schedule().schedule_policy, self.tree, False, False, False)
         self.ratio = NewTokenRatioTracker.from_config()
         # Stand-in for ModelConfig (needs model files): the batch reads these two fields.
@@ -165,15 +176,13 @@ class SchedulerDriver:
 
     def merge_last_prefill(self):
         """get_next_batch_to_run's head: stash the chunked request, merge the last prefill."""
-        from sglang.srt.mem_cache.common import checkpoint_kv_cache
-
         chunked = self.chunked_req
-        if chunked is not None and chunked.extend_end > chunked.prefix_len:
-            checkpoint_kv_cache(chunked, self.tree)
+        if chunked is not None and req_extend_end(chunked) > req_prefix_len(chunked):
+            checkpoint_kv(chunked, self.tree, stash=True)
         last, self.last_prefill = self.last_prefill, None
         if last is not None:
             size = last.batch_size()
-            last.filter_batch(reqs_to_exclude=[chunked] if chunked is not None else [])
+            last.filter_batch([chunked] if chunked is not None else [])  # renamed keyword in 0.5.22
             if last.batch_size() < size:
                 self.running.batch_is_full = False
             if not last.is_empty():
@@ -206,9 +215,10 @@ class SchedulerDriver:
         adder = self.new_adder()
         if self.chunked_req is not None:
             self.chunked_req.init_next_round_input()
-            adder.chunked_req_limit = self.policy.shortest_prefill_chunk_limit(
-                self.chunked_req, self.waiting, adder.rem_chunk_tokens or 0, 1
-            )
+            if hasattr(self.policy, "shortest_prefill_chunk_limit"):  # 0.5.21+
+                adder.chunked_req_limit = self.policy.shortest_prefill_chunk_limit(
+                    self.chunked_req, self.waiting, adder.rem_chunk_tokens or 0, 1
+                )
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
         for req in self.waiting:
             if adder.budget_state() == AddReqResult.OTHER:
@@ -234,7 +244,7 @@ class SchedulerDriver:
             assert self.chunked_req is None
             self.chunked_req = adder.new_chunked_req
         cut_short = [r.rid for r in can_run
-                     if r is not self.chunked_req and r.extend_end < len(r.full_untruncated_fill_ids)]
+                     if r is not self.chunked_req and req_extend_end(r) < len(r.full_untruncated_fill_ids)]
         if cut_short:
             raise RuntimeError(
                 f"{self.cfg.name}: PrefillAdder cut requests {cut_short} short without making them "
@@ -260,13 +270,11 @@ class SchedulerDriver:
         """Record the batch, then Scheduler.process_batch_result_prefill with a stand-in sample."""
         import torch
 
-        from sglang.srt.mem_cache.common import checkpoint_kv_cache, release_kv_cache
-
         entries = []
         for req in batch.reqs:
             rid = req.spec.rid
             row = self.req_pool.req_to_token[req.kv.req_pool_idx]
-            start, end = req.prefix_len, req.extend_end
+            start, end = req_prefix_len(req), req_extend_end(req)
             if start > 0 and self.extended_to.get(rid) != start:  # not a continuation: a radix hit
                 self.record_donors(rid, row[:start].long())
             self.extended_to[rid] = end
@@ -283,9 +291,9 @@ class SchedulerDriver:
             req.output_ids.append(OUTPUT_BASE + req.spec.rid)
             req.update_finish_state()
             if req.finished():
-                release_kv_cache(req, self.tree, checkpoint=True)
+                release_kv(req, self.tree)
             else:
-                checkpoint_kv_cache(req, self.tree)
+                checkpoint_kv(req, self.tree)
         self.last_prefill = batch
 
     def record_donors(self, rid, slots):
@@ -305,8 +313,6 @@ class SchedulerDriver:
 
     def run_decode(self):
         """Scheduler.update_running_batch plus process_batch_result_decode."""
-        from sglang.srt.mem_cache.common import release_kv_cache
-
         running = self.running
         if not running.check_decode_mem():
             retracted, self.ratio.current, aborted = running.retract_decode()
@@ -328,7 +334,29 @@ class SchedulerDriver:
             req.output_ids.append(OUTPUT_BASE + req.spec.rid)
             req.update_finish_state()
             if req.finished():
-                release_kv_cache(req, self.tree, checkpoint=True)
+                release_kv(req, self.tree)
+
+
+def checkpoint_kv(req, tree, stash=False):
+    """The scheduler hands an unfinished request's KV to the tree (`stash`: a chunked request
+    between its chunks). Releases before 0.5.22 call this maybe_cache_unfinished_req."""
+    from sglang.srt.mem_cache import common
+
+    if hasattr(common, "checkpoint_kv_cache"):
+        common.checkpoint_kv_cache(req, tree)
+    else:
+        common.maybe_cache_unfinished_req(req, tree, chunked=stash)
+
+
+def release_kv(req, tree):
+    """A finished request gives its KV row back, the tree keeping what it takes
+    (release_kv_cache; its `checkpoint` flag came with 0.5.22)."""
+    from sglang.srt.mem_cache import common
+
+    if hasattr(common, "checkpoint_kv_cache"):
+        common.release_kv_cache(req, tree, checkpoint=True)
+    else:
+        common.release_kv_cache(req, tree)
 
 
 def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, True), page_sizes=(1,), shapes=SHAPES,

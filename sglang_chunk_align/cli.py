@@ -23,12 +23,14 @@ from . import patches, prefill_hooks, releases, standins
 from .planning import Rules, plan
 from .alignment import PREFILL_Q_TILE_TOKENS, chunk_size_error
 from .compat import (
+    RADIX_OPT_IN_NEEDS,
     RULES_ENV,
     SUPPORTED_SGLANG,
     ChunkAlignError,
     check_sglang_version,
     check_switches,
     installed_version,
+    sglang_at_least,
 )
 
 RULES_OFF = f"off ({RULES_ENV}=0)"
@@ -163,7 +165,8 @@ def _check_release(report, version):
     if not SpecifierSet(patches.GRID_RULES_RELEASES).contains(version, prereleases=True):
         report["grid_rules"] = f"not on SGLang {version}: {releases.WITHOUT_GRID_RULES}"
     else:
-        report["grid_rules"] = RULES_OFF if rules_off else "available"
+        radix = "" if sglang_at_least(releases.RADIX_OPT_IN) else f"; {RADIX_OPT_IN_NEEDS}"
+        report["grid_rules"] = RULES_OFF if rules_off else f"available{radix}"
         report["grid"] = None if rules_off else GRID_SOURCE
     if applied:
         report["backends"] = declared_alignments()

@@ -19,6 +19,11 @@ ALLOW_UNTESTED_ENV = "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED"
 RULES_ENV = "SGLANG_CHUNK_ALIGN_RULES"
 # Set to 1 to turn the radix cache back on under deterministic flashinfer.
 RADIX_CACHE_ENV = "SGLANG_CHUNK_ALIGN_RADIX_CACHE"
+# Where the grid rules run but do not reach radix hits and the tree (scheduler start, doctor).
+RADIX_OPT_IN_NEEDS = (
+    f"{RADIX_CACHE_ENV}=1 needs SGLang {releases.RADIX_OPT_IN} or newer, where the grid rules reach "
+    "radix hits and the tree"
+)
 # The environment switches and their defaults (README, "Switches").
 SWITCHES = {RULES_ENV: True, RADIX_CACHE_ENV: False, ALLOW_UNTESTED_ENV: False}
 
@@ -72,6 +77,24 @@ def sglang_at_least(release):
     """Whether the installed SGLang is `release` (a releases.py name) or newer."""
     version = installed_version()
     return version is not None and version >= Version(release)
+
+
+def req_prefix_len(req):
+    """Tokens of an SGLang Req whose KV it already has: Req.prefix_len from 0.5.22, the
+    length of its KV indices (Req.prefix_indices) before. The newer name is tried first:
+    a try that does not raise costs nothing, and the PrefillAdder wrappers ask per request."""
+    try:
+        return req.prefix_len
+    except AttributeError:
+        return len(req.prefix_indices)
+
+
+def req_extend_end(req):
+    """Where an SGLang Req's admitted extend ends: Req.extend_end from 0.5.22, Req.extend_range before."""
+    try:
+        return req.extend_end
+    except AttributeError:
+        return req.extend_range.end
 
 
 def env_flag(name, default):

@@ -39,6 +39,8 @@ _SCHEDULER = "sglang.srt.managers.scheduler"
 ALL_RELEASES = ""  # every release compat.SUPPORTED_SGLANG admits
 GRID_RULES_RELEASES = f">={releases.GRID_RULES}"
 _STOCK_CHECK = releases.STOCK_STARTUP_CHECK
+_FLOOR = f">={releases.FLOOR_CHUNKED_TOKENS}"
+_RADIX = f">={releases.RADIX_OPT_IN}"  # the grid rules for radix hits and the tree, and the radix opt-in
 _ABSENT = object()
 
 
@@ -120,42 +122,46 @@ PATCH_POINTS = (
     *_forward(_ATTN + "dots_hybrid_backend", "DotsHybridAttnBackend", ("dsa_backend", "swa_backend"),
               "DSA and SWA layers both prefill; the chunk must suit both", ">=0.5.19"),
     _wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
-          scheduler_hooks.init_alignment_and_check,
-          "stock maps backend names to the 4096-token split tile and has no startup check", f"<{_STOCK_CHECK}"),
+          scheduler_hooks.init_alignment_and_check(rules_available=False),
+          "stock maps backend names to the 4096-token split tile and has no startup check", f"<{releases.GRID_RULES}"),
+    _wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
+          scheduler_hooks.init_alignment_and_check(rules_available=True),
+          "as above; it activates the grid rules below", f"{GRID_RULES_RELEASES},<{_STOCK_CHECK}"),
     _wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
           scheduler_hooks.init_alignment_from_backend,
           "stock maps backend names to the 4096-token split tile; read the live backend instead", f">={_STOCK_CHECK}"),
-    _wrap(_SCHEDULER, "Scheduler.check_truncation_align_fits_chunk",
-          scheduler_hooks.check_chunk_serves_alignment(rules_available=False),
-          "stock points users at the split-tile variable and accepts chunks off the q-tile grid",
-          f">={_STOCK_CHECK},<{releases.GRID_RULES}"),
-    _wrap(_SCHEDULER, "Scheduler.check_truncation_align_fits_chunk",
-          scheduler_hooks.check_chunk_serves_alignment(rules_available=True),
-          "as before, and it activates the grid rules below", GRID_RULES_RELEASES),
+    _wrap(_SCHEDULER, "Scheduler.check_truncation_align_fits_chunk", scheduler_hooks.check_chunk_and_activate_rules,
+          "stock points users at the split-tile variable and accepts chunks off the q-tile grid; "
+          "it activates the grid rules below", f">={_STOCK_CHECK}"),
     _wrap("sglang.srt.entrypoints.engine", "Engine._launch_subprocesses", scheduler_hooks.refuse_ray_schedulers,
           "Ray scheduler actors never load plugins: refuse deterministic flashinfer there, never run stock"),
     # The grid rules (planning.py), where SGLang has every admission path they need.
     _wrap("sglang.srt.managers.schedule_batch", "match_kv_cache", prefill_hooks.match_on_grid,
-          "a radix hit may end anywhere; Req.init_next_round_input calls this module binding", GRID_RULES_RELEASES),
+          "a radix hit may end anywhere; Req.init_next_round_input calls this module binding", _RADIX),
     _wrap(_POLICY, "PrefillAdder._select_prefill_admission", prefill_hooks.admit_on_grid,
           "SGLang floors a new request's chunk length but leaves final pieces too short for the full tile",
           GRID_RULES_RELEASES),
     _wrap(_POLICY, "PrefillAdder.floor_chunked_tokens", prefill_hooks.cut_on_grid,
-          "continuation, memory-pressure and ignore_eos cuts are not aligned at all", GRID_RULES_RELEASES),
+          "continuation and memory-pressure cuts are not aligned at all", _FLOOR),
     _wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid,
-          "a continuation whose budget holds no grid cut waits, and a short final piece rides along",
-          GRID_RULES_RELEASES),
+          "a continuation whose budget holds no grid cut waits, and a short final piece rides along", _FLOOR),
+    _wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_budget,
+          "as above; without floor_chunked_tokens the cut is taken from the adder's memory budget",
+          f">={releases.MEMORY_BUDGET},<{releases.FLOOR_CHUNKED_TOKENS}"),
+    _wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_extend,
+          "as above; without a memory budget object the cut is set through req.set_extend_range",
+          f"{GRID_RULES_RELEASES},<{releases.MEMORY_BUDGET}"),
     _wrap(_POLICY, "PrefillAdder.add_one_req_ignore_eos", prefill_hooks.ignore_eos_on_grid,
-          "an ignore_eos request waits as a continuation does, before it reports to the prefill delayer",
-          GRID_RULES_RELEASES),
+          "stock cuts an ignore_eos request at the chunk budget, off the grid; one with no grid cut "
+          "waits as a continuation does, before it reports to the prefill delayer", GRID_RULES_RELEASES),
     _wrap(_POLICY, "PrefillAdder.add_one_req", prefill_hooks.keep_solo_tiles,
           "fa2 picks one tile per batch; thin batches move members off their solo tile, "
           "and requests behind a waiting chunked request would take its KV memory", GRID_RULES_RELEASES),
     _wrap("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache.checkpoint", prefill_hooks.publish_full_tiles,
-          "the tree would serve KV computed in a prompt's partial final q-tile, or by decode", GRID_RULES_RELEASES),
+          "the tree would serve KV computed in a prompt's partial final q-tile, or by decode", _RADIX),
     _add_member("sglang.srt.arg_groups.choices", "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND",
                 "flashinfer", "stock turns the radix cache off under deterministic flashinfer",
-                RADIX_CACHE_ENV, GRID_RULES_RELEASES),
+                RADIX_CACHE_ENV, _RADIX),
 )
 
 # Installed only when patching fails, so that a failure SGLang's plugin loader

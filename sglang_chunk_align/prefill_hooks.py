@@ -19,6 +19,7 @@ import logging
 import sys
 from dataclasses import replace
 
+from .compat import req_extend_end, req_prefix_len
 from .planning import KEEP, RIDE, WAIT, chunk_end, tile_conflicts, usable_prefix
 
 logger = logging.getLogger("sglang_chunk_align")
@@ -87,20 +88,25 @@ def admit_on_grid(wrapped, instance, args, kwargs):
 
 
 def cut_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.floor_chunked_tokens, which cuts continuation and ignore_eos chunks.
+    """Wraps PrefillAdder.floor_chunked_tokens (0.5.23+), which rounds continuation cuts (and
+    ignore_eos cuts, which ignore_eos_on_grid has put on the grid already).
 
     Their extend starts on the grid (every earlier cut was on it), so a cut
     length on the grid is a cut end on the grid. It never lengthens a cut:
     its callers decide "chunked" before they call it, so a final piece that
-    rides along is given room by raising their budget (_stock_with_ride_slack).
+    rides along is given room by raising their budget (_stock_with_chunk_budget).
     """
-    length = wrapped(*args, **kwargs)
     remaining = args[1] if len(args) > 1 else kwargs["remaining"]
+    return _continuation_cut(instance, wrapped(*args, **kwargs), remaining)
+
+
+def _continuation_cut(adder, length, remaining):
+    """A continuation's cut `length` of `remaining` tokens, on the grid, or _NoGridCut."""
     if rules_in_force is None or length >= remaining:
         return length
-    if _unfinished_chunk_in_batch(instance):
+    if _unfinished_chunk_in_batch(adder):
         raise _NoGridCut
-    length = _grid_cut(instance, 0, length, remaining)
+    length = _grid_cut(adder, 0, length, remaining)
     if length == 0:
         raise _NoGridCut
     return length
@@ -116,47 +122,103 @@ def continue_on_grid(wrapped, instance, args, kwargs):
     """
     req = args[0] if args else kwargs["req"]
     try:
-        return _stock_with_ride_slack(wrapped, args, kwargs, instance, _ride_slack(instance, req))
+        return _stock_with_chunk_budget(wrapped, args, kwargs, instance, _ride_slack(instance, req))
     except _NoGridCut:
         setattr(instance, _PARKED, req)
         return req
 
 
-def ignore_eos_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_one_req_ignore_eos like add_chunked_req.
+def continue_on_grid_by_budget(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.add_chunked_req on 0.5.21-0.5.22, which have no floor_chunked_tokens:
+    as continue_on_grid, with the cut taken where stock takes it from.
 
-    Stock reports the rank prefillable to the prefill delayer before it cuts
-    the chunk, so a request the grid leaves no cut for is deferred before
-    stock runs at all, never after it has reported.
+    Stock cuts a continuation at what the adder's memory budget fits
+    (memory_budget.fit_chunk, which only add_chunked_req calls), so for this
+    call that budget, the adder's own for this step, answers on the grid.
+    """
+    if rules_in_force is None:
+        return wrapped(*args, **kwargs)
+    budget = instance.memory_budget
+    fit_chunk = budget.fit_chunk
+
+    def fit_on_grid(*, extend_input_len, **limits):
+        limit = fit_chunk(extend_input_len=extend_input_len, **limits)
+        return None if limit is None else _continuation_cut(instance, limit, extend_input_len)
+
+    return _continue_with_override(budget, "fit_chunk", fit_on_grid, wrapped, instance, args, kwargs)
+
+
+def continue_on_grid_by_extend(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.add_chunked_req on 0.5.20, which has no memory budget object either:
+    stock clamps the continuation itself and hands its end to req.set_extend_range before
+    charging the budget, so for this call that sets the end on the grid.
+    """
+    if rules_in_force is None:
+        return wrapped(*args, **kwargs)
+    req = args[0] if args else kwargs["req"]
+    set_extend_range = req.set_extend_range
+    prompt_len = len(req.full_untruncated_fill_ids)
+
+    def extend_on_grid(start, end):
+        set_extend_range(start, start + _continuation_cut(instance, end - start, prompt_len - start))
+
+    return _continue_with_override(req, "set_extend_range", extend_on_grid, wrapped, instance, args, kwargs)
+
+
+def _continue_with_override(owner, method, override, wrapped, instance, args, kwargs):
+    """continue_on_grid with owner.<method> answered by `override` for the one stock call: an
+    instance attribute over the class's method, removed again after it. The class itself is
+    never touched."""
+    setattr(owner, method, override)
+    try:
+        return continue_on_grid(wrapped, instance, args, kwargs)
+    finally:
+        delattr(owner, method)
+
+
+def ignore_eos_on_grid(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.add_one_req_ignore_eos: its chunk ends on the grid, or it waits.
+
+    Stock cuts an ignore_eos chunk at the chunk budget (0.5.23 passes it
+    through floor_chunked_tokens, older releases take it as it is), so for
+    this call the budget is lowered to the grid cut, or raised where the short
+    final piece rides along. Stock reports the rank prefillable to the prefill
+    delayer before it cuts the chunk, so a request the grid leaves no cut for
+    is deferred before stock runs at all, never after it has reported.
     """
     req = args[0] if args else kwargs["req"]
-    slack = _ride_slack(instance, req)
-    if not slack and rules_in_force is not None and instance.rem_chunk_tokens is not None:
-        start, prompt_len = req.prefix_len, len(req.full_untruncated_fill_ids)
-        if prompt_len - start > instance.rem_chunk_tokens > 0 and (
-            _unfinished_chunk_in_batch(instance)
-            or _grid_cut(instance, start, instance.rem_chunk_tokens, prompt_len, warn=False) == start
-        ):
-            return _schedule_policy().AddReqResult.OTHER
-    return _stock_with_ride_slack(wrapped, args, kwargs, instance, slack)
+    budget = instance.rem_chunk_tokens
+    start, prompt_len = req_prefix_len(req), len(req.full_untruncated_fill_ids)
+    if rules_in_force is None or budget is None or not 0 < budget < prompt_len - start:
+        return wrapped(*args, **kwargs)
+    if _unfinished_chunk_in_batch(instance):
+        return _schedule_policy().AddReqResult.OTHER
+    end = _grid_cut(instance, start, budget, prompt_len, may_ride=not instance.can_run_list, warn=False)
+    if end == start:
+        return _schedule_policy().AddReqResult.OTHER
+    result = _stock_with_chunk_budget(wrapped, args, kwargs, instance, end - start - budget)
+    if instance.can_run_list and instance.can_run_list[-1] is req:
+        return instance.budget_state()  # what stock returns after admitting, read off the real budget
+    return result
 
 
-def _stock_with_ride_slack(wrapped, args, kwargs, adder, slack):
-    """Run stock with the chunk budget raised by `slack` (_ride_slack) when a request's short
-    final piece should ride along (the request alone in the batch, e.g. chunk 128 at group 1),
-    so stock admits it whole.
+def _stock_with_chunk_budget(wrapped, args, kwargs, adder, tokens):
+    """Run stock with the chunk budget moved by `tokens`: raised by _ride_slack when a request's
+    short final piece should ride along (the request alone in the batch, e.g. chunk 128 at
+    group 1), so stock admits it whole; lowered to an ignore_eos request's grid cut.
 
-    Stock still bounds the extend by the KV memory it has, and charges the
-    whole extend, so the budget ends below zero and the batch closes. A plain
+    What stock charges stays charged when the move is undone. A riding piece
+    is still bounded by the KV memory stock has, and stock charges the whole
+    extend, so the budget ends below zero and the batch closes. A plain
     function, not a context manager: one costs ~1.3 µs, on every continuation.
     """
-    if not slack:
+    if not tokens:
         return wrapped(*args, **kwargs)
-    adder.rem_chunk_tokens += slack
+    adder.rem_chunk_tokens += tokens
     try:
         return wrapped(*args, **kwargs)
     finally:
-        adder.rem_chunk_tokens -= slack
+        adder.rem_chunk_tokens -= tokens
 
 
 def _ride_slack(adder, req):
@@ -167,7 +229,7 @@ def _ride_slack(adder, req):
     """
     if rules_in_force is None or adder.rem_chunk_tokens is None or adder.can_run_list:
         return 0
-    start, prompt_len, budget = req.prefix_len, len(req.full_untruncated_fill_ids), adder.rem_chunk_tokens
+    start, prompt_len, budget = req_prefix_len(req), len(req.full_untruncated_fill_ids), adder.rem_chunk_tokens
     beyond = prompt_len - start - budget
     if 0 < beyond < rules_in_force.min_tail and chunk_end(start, budget, prompt_len, rules_in_force, RIDE) == prompt_len:
         return beyond
@@ -192,7 +254,7 @@ def keep_solo_tiles(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     req = args[0] if args else kwargs["req"]
     prompt_len = len(req.full_untruncated_fill_ids)
-    start = req.prefix_len + req.host_hit_length
+    start = req_prefix_len(req) + req.host_hit_length
     extend = min(prompt_len - start, rules_in_force.min_tail)
     members = [_member(r) for r in instance.can_run_list] + [(extend, prompt_len, prompt_len)]
     if tile_conflicts(members, rules_in_force):
@@ -255,11 +317,12 @@ def _running_requests_hold_kv(adder):
 def _unfinished_chunk_in_batch(adder):
     """SGLang tracks one unfinished chunked request. Stock fills the chunk
     budget with it; the grid rules can leave budget over, for whole requests only."""
-    return any(r.extend_end < len(r.full_untruncated_fill_ids) for r in adder.can_run_list)
+    return any(req_extend_end(r) < len(r.full_untruncated_fill_ids) for r in adder.can_run_list)
 
 
 def _member(req):
-    return req.extend_end - req.prefix_len, req.extend_end, len(req.full_untruncated_fill_ids)
+    end = req_extend_end(req)
+    return end - req_prefix_len(req), end, len(req.full_untruncated_fill_ids)
 
 
 def _schedule_policy():

@@ -17,20 +17,34 @@ SUPPORTED = ">=0.5.12,<0.5.24"
 # First release where stock SGLang refuses a chunk below the alignment at startup
 # (check_truncation_align_fits_chunk) and no longer aligns deterministic triton.
 STOCK_STARTUP_CHECK = "0.5.22"
-# First release with every admission path the grid rules patch (PrefillAdder.floor_chunked_tokens).
-GRID_RULES = "0.5.23"
+# First release where the grid rules run: PrefillAdder has every admission path they
+# patch (_select_prefill_admission for new requests; continuation cuts reach
+# Req.set_extend_range there, the adder's memory budget from MEMORY_BUDGET on).
+GRID_RULES = "0.5.20"
+# First release whose PrefillAdder takes a continuation's cut from a memory budget object
+# (memory_budget.fit_chunk).
+MEMORY_BUDGET = "0.5.21"
+# First release where the rules reach radix hits and the tree (match_kv_cache,
+# UnifiedRadixCache.checkpoint), so the radix opt-in is offered.
+RADIX_OPT_IN = "0.5.22"
+# First release with PrefillAdder.floor_chunked_tokens, where continuation cuts are hooked
+# directly.
+FLOOR_CHUNKED_TOKENS = "0.5.23"
 # What a release without the grid rules leaves inexact: the scheduler's startup
 # WARNING and doctor say it in these words.
 WITHOUT_GRID_RULES = (
     "final pieces shorter than the full fa2 tile, thin batches on a smaller tile, memory-pressure "
     "and ignore_eos cuts off the grid, and radix hits off the grid (the radix opt-in is refused) "
-    f"are not bit-exact; SGLang {GRID_RULES} or newer closes this with the grid rules"
+    f"are not bit-exact; SGLang {GRID_RULES} or newer closes this with the grid rules "
+    f"({RADIX_OPT_IN} or newer with the radix cache on)"
 )
 
-# What CI installs: the newest release runs the whole suite; OLDEST_CPU_SCHEDULER is the
-# oldest release whose scheduler imports without a GPU (the whole suite, as far as that
-# release goes); OLDEST is the oldest supported release, whose scheduler needs libcuda, so
-# CI runs only tests/test_oldest_release.py there.
+# What CI installs: the newest release runs the whole suite; OLDER_WITH_GRID_RULES runs it
+# too, the grid rules on an older PrefillAdder (continuation cuts through its memory budget,
+# as on 0.5.22); OLDEST_CPU_SCHEDULER is the oldest release whose scheduler imports without
+# a GPU (the whole suite, as far as that release goes); OLDEST is the oldest supported
+# release, whose scheduler needs libcuda, so CI runs only tests/test_oldest_release.py there.
 NEWEST = "0.5.23"
+OLDER_WITH_GRID_RULES = "0.5.21"
 OLDEST_CPU_SCHEDULER = "0.5.13"
 OLDEST = "0.5.12"

@@ -12,7 +12,7 @@ import logging
 
 from . import prefill_hooks, releases
 from .alignment import chunk_size_error
-from .compat import RADIX_CACHE_ENV, RULES_ENV, env_flag
+from .compat import RADIX_CACHE_ENV, RADIX_OPT_IN_NEEDS, RULES_ENV, env_flag, sglang_at_least
 from .planning import Rules
 
 logger = logging.getLogger("sglang_chunk_align")
@@ -30,25 +30,25 @@ def init_alignment_from_backend(wrapped, instance, args, kwargs):
     instance.truncation_align_size = live_backend(instance).prefill_chunk_align
 
 
-def init_alignment_and_check(wrapped, instance, args, kwargs):
+def init_alignment_and_check(rules_available):
     """Replaces init_deterministic_inference_config on releases without the stock
     startup check (before 0.5.22): without it a chunk below the alignment
-    leaves long prompts waiting forever (SGLang issue 36344)."""
-    init_alignment_from_backend(wrapped, instance, args, kwargs)
-    _check_chunk(instance, rules_available=False)
-
-
-def check_chunk_serves_alignment(rules_available):
-    """Replaces Scheduler.check_truncation_align_fits_chunk, which runs after the LCM steps.
-
-    Where this release has the PrefillAdder patch points, it also activates
-    planning.py's rules for them.
+    leaves long prompts waiting forever (SGLang issue 36344). Where this
+    release has the PrefillAdder patch points, it also activates planning.py's
+    rules for them.
     """
 
-    def check(wrapped, instance, args, kwargs):
+    def init(wrapped, instance, args, kwargs):
+        init_alignment_from_backend(wrapped, instance, args, kwargs)
         _check_chunk(instance, rules_available)
 
-    return check
+    return init
+
+
+def check_chunk_and_activate_rules(wrapped, instance, args, kwargs):
+    """Replaces Scheduler.check_truncation_align_fits_chunk (0.5.22+), which runs after the LCM
+    steps, and activates planning.py's rules for the PrefillAdder patch points."""
+    _check_chunk(instance, rules_available=True)
 
 
 def _check_chunk(scheduler, rules_available):
@@ -120,9 +120,11 @@ def _check_radix_cache(scheduler, q_tile, rules):
     """The radix opt-in matters under deterministic flashinfer, and only with the grid rules."""
     if q_tile is None or not env_flag(RADIX_CACHE_ENV, False):
         return
+    if not sglang_at_least(releases.RADIX_OPT_IN):
+        raise ValueError(f"{RADIX_OPT_IN_NEEDS}: drop {RADIX_CACHE_ENV}, or upgrade SGLang.")
     if rules is None:
         raise ValueError(
-            f"{RADIX_CACHE_ENV}=1 needs the grid rules (SGLang {releases.GRID_RULES} or newer, {RULES_ENV} not 0): "
+            f"{RADIX_CACHE_ENV}=1 needs the grid rules ({RULES_ENV} not 0): "
             f"drop {RADIX_CACHE_ENV}, or turn the rules back on."
         )
     if not getattr(scheduler.tree_cache, "disable", True) and scheduler.tree_cache.supports_mamba():

@@ -31,11 +31,9 @@ def published(deterministic=True, chunk=256, **fields):
         "chunked_prefill_size": chunk, **fields,
     }
     try:
-        from sglang.test.test_utils import published_topology  # SGLang's own test helper
+        from sglang.test.test_utils import published_topology  # SGLang's own test helper (0.5.21+)
     except ImportError:
-        from sglang.srt.server_args import ServerArgs
-
-        publishing = contextlib.nullcontext(ServerArgs(model_path="dummy", **fields))
+        publishing = _published_without_test_helper(fields)
     else:
         publishing = published_topology(**fields)
     with publishing as server_args:
@@ -44,6 +42,26 @@ def published(deterministic=True, chunk=256, **fields):
             yield server_args
         finally:
             _published.pop()
+
+
+@contextlib.contextmanager
+def _published_without_test_helper(fields):
+    """Before 0.5.21: publish as SGLang's processes do (runtime_context.publish, 0.5.17+), or
+    not at all on releases without a runtime config."""
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs(model_path="dummy", **fields)
+    try:
+        from sglang.srt.runtime_context import publish, reset_context
+    except ImportError:
+        yield server_args
+        return
+    reset_context()
+    publish(server_args, role="test")
+    try:
+        yield server_args
+    finally:
+        reset_context()
 
 
 def bare(cls, **state):

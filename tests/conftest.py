@@ -4,7 +4,8 @@ the package (sglang_chunk_align.standins), shared with doctor and the benchmark.
 The suite runs against whichever supported release is installed (.ci/run runs
 it on the releases named in sglang_chunk_align/releases.py); what a release
 lacks is skipped with a reason. A test marked `needs_grid_rules` skips on
-releases without the grid rules.
+releases without the grid rules, one marked `needs_radix_opt_in` on releases
+where they do not reach radix hits and the tree.
 """
 
 import os
@@ -19,15 +20,31 @@ from sglang_chunk_align.compat import installed_version, sglang_at_least
 
 # Nothing here may reach a model hub: SGLang's argument hooks look up model names.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if sglang_at_least(releases.GRID_RULES) and not sglang_at_least("0.5.22"):
+    # The grid-rule tests build batches; these releases write a batch's KV indices with a
+    # Triton kernel even without a GPU (support_triton reads only the backend name), which
+    # Triton's interpreter runs on CPU.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# marker -> (the first release it runs on, what that release brings)
+RELEASE_MARKERS = {
+    "needs_grid_rules": (releases.GRID_RULES, "the grid rules"),
+    "needs_radix_opt_in": (
+        releases.RADIX_OPT_IN, "the radix opt-in, where the grid rules reach radix hits and the tree"
+    ),
+}
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "needs_grid_rules: skip on SGLang releases without the grid rules")
+    for marker, (_, what) in RELEASE_MARKERS.items():
+        config.addinivalue_line("markers", f"{marker}: skip on SGLang releases without {what}")
 
 
 def pytest_runtest_setup(item):
-    if item.get_closest_marker("needs_grid_rules") and not sglang_at_least(releases.GRID_RULES):
-        pytest.skip(f"the grid rules need SGLang {releases.GRID_RULES} or newer, not {installed_version()}")
+    for marker, (release, what) in RELEASE_MARKERS.items():
+        if item.get_closest_marker(marker) and not sglang_at_least(release):
+            pytest.skip(f"needs SGLang {release} or newer ({what}), not {installed_version()}")
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from benchmarks import scheduling
 from sglang_chunk_align import prefill_hooks, standins
+from sglang_chunk_align.compat import req_extend_end
 from sglang_chunk_align.planning import Rules
 
 pytestmark = pytest.mark.needs_grid_rules
@@ -30,10 +32,7 @@ def adder_with(chunk, kv_tokens, rules, max_new_tokens=2):
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.schedule_policy import PrefillAdder
     from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-    from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     with standins.published(True, chunk, disable_radix_cache=True) as server_args:
@@ -44,10 +43,7 @@ def adder_with(chunk, kv_tokens, rules, max_new_tokens=2):
         kv = MHATokenToKVPool(kv_tokens, 1, torch.bfloat16, 1, 1, 1, "cpu", False)
         allocator = TokenToKVPoolAllocator(kv_tokens, torch.bfloat16, "cpu", kv, need_sort=False)
         req_pool = ReqToTokenPool(4, 4096, "cpu", False)
-        tree = UnifiedRadixCache(CacheInitParams(
-            disable=True, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator, page_size=1,
-            chunked_prefill_size=chunk, tree_components=(ComponentType.FULL,),
-        ))
+        tree = scheduling.prefix_cache(False, req_pool, allocator, 1, chunk)
 
         def new_adder(running_batch=None):
             return PrefillAdder(1, tree, allocator, running_batch, 1.0, 16384, chunk, max_running_requests=4)
@@ -62,6 +58,16 @@ def adder_with(chunk, kv_tokens, rules, max_new_tokens=2):
         yield new_adder, new_req
 
 
+def continue_from(req, prefix_len):
+    """`req` after its earlier chunks, whose KV is its prefix (Req.prefix_len from 0.5.22, its KV indices before)."""
+    import torch
+
+    if hasattr(req, "prefix_indices"):
+        req.prefix_indices = torch.arange(prefix_len)
+    else:
+        req.prefix_len = prefix_len
+
+
 def admit_new(adder, req):
     return adder.add_one_req(req, has_chunked_req=False, truncation_align_size=128)
 
@@ -71,14 +77,14 @@ def test_continuation_under_a_memory_clamp_ends_on_the_grid(plugin, rules, end):
     """KV memory for about 400 tokens cuts a continuation at 256 + 400ish; the rules cut at 640."""
     with adder_with(512, kv_tokens=400, rules=rules) as (new_adder, new_req):
         req = new_req(0, 1500)
-        req.prefix_len = 256  # its first chunk, on the grid
+        continue_from(req, 256)  # its first chunk, on the grid
         adder = new_adder()
         assert adder.add_chunked_req(req) is req  # not finished
         if rules:
-            assert req.extend_end == end
+            assert req_extend_end(req) == end
             assert adder.rem_chunk_tokens == 512 - (end - 256)  # charged what it admitted
         else:
-            assert req.extend_end % 128 != 0
+            assert req_extend_end(req) % 128 != 0
 
 
 @pytest.mark.parametrize("running, parked", [(False, False), (True, True)])
@@ -92,7 +98,7 @@ def test_memory_bound_short_final_piece_waits_while_running_requests_will_free_k
 
     with adder_with(512, kv_tokens=150, rules=True) as (new_adder, new_req):
         req = new_req(0, 1064)
-        req.prefix_len = 896
+        continue_from(req, 896)
         running_batch = SimpleNamespace(batch_size=lambda: 1, reqs=[new_req(1, 8)]) if running else None
         adder = new_adder(running_batch)
         assert adder.add_chunked_req(req) is req  # not finished
@@ -100,7 +106,7 @@ def test_memory_bound_short_final_piece_waits_while_running_requests_will_free_k
             assert adder.can_run_list == [] and adder.rem_chunk_tokens == 512
             assert admit_new(adder, new_req(2, 16)) == AddReqResult.OTHER and adder.can_run_list == []
         else:
-            assert adder.can_run_list == [req] and req.extend_end == 1024
+            assert adder.can_run_list == [req] and req_extend_end(req) == 1024
             assert "40-token final piece runs on a smaller fa2 tile" in caplog.text
 
 
@@ -109,10 +115,10 @@ def test_short_final_piece_of_a_continuation_rides_along(plugin, rules, end):
     """Chunk 128 has no earlier cut to merge into: the 16-token tail rides with the last chunk."""
     with adder_with(128, kv_tokens=4096, rules=rules) as (new_adder, new_req):
         req = new_req(0, 1040)
-        req.prefix_len = 896
+        continue_from(req, 896)
         adder = new_adder()
         finished = adder.add_chunked_req(req) is None
-        assert req.extend_end == end and finished == rules
+        assert req_extend_end(req) == end and finished == rules
 
 
 @pytest.mark.parametrize("rules, end", [(True, 384), (False, 512)])
@@ -122,7 +128,7 @@ def test_new_request_ends_a_grid_step_early_rather_than_leave_a_short_tail(plugi
         adder = new_adder()
         req = new_req(0, 560)
         admit_new(adder, req)
-        assert adder.can_run_list == [req] and req.extend_end == end and adder.new_chunked_req is req
+        assert adder.can_run_list == [req] and req_extend_end(req) == end and adder.new_chunked_req is req
 
 
 @pytest.mark.parametrize("rules, end", [(True, 160), (False, 128)])
@@ -132,19 +138,23 @@ def test_new_request_alone_lets_its_short_final_piece_ride(plugin, rules, end):
         adder = new_adder()
         req = new_req(0, 160)
         admit_new(adder, req)
-        assert req.extend_end == end and (adder.new_chunked_req is None) == rules
+        assert req_extend_end(req) == end and (adder.new_chunked_req is None) == rules
 
 
-@pytest.mark.parametrize("rules, end", [(True, 128), (False, 156)])
-def test_ignore_eos_request_after_another_is_cut_on_the_grid(plugin, rules, end):
-    """After a 100-token request, stock cuts an ignore_eos request at the 156 tokens left of chunk 256."""
+@pytest.mark.parametrize("rules, end, verdict", [(True, 128, "CONTINUE"), (False, 156, "OTHER")])
+def test_ignore_eos_request_after_another_is_cut_on_the_grid(plugin, rules, end, verdict):
+    """After a 100-token request, stock cuts an ignore_eos request at the 156 tokens left of chunk 256.
+    The rules cut it at 128 and leave 28 tokens of chunk budget, which the adder's verdict reports."""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
     with adder_with(256, kv_tokens=8192, rules=rules) as (new_adder, new_req):
         adder = new_adder()
         first, second = new_req(0, 100), new_req(1, 1000, ignore_eos=True)
         admit_new(adder, first)
-        admit_new(adder, second)
+        assert admit_new(adder, second) == getattr(AddReqResult, verdict)
         assert adder.can_run_list == [first, second]
-        assert second.extend_end == end and adder.new_chunked_req is second
+        assert req_extend_end(second) == end and adder.new_chunked_req is second
+        assert adder.rem_chunk_tokens == 256 - 100 - (end - 0)
 
 
 class PrefillDelayer:

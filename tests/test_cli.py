@@ -12,7 +12,7 @@ import pytest
 
 from sglang_chunk_align import patches, releases
 from sglang_chunk_align.alignment import chunk_size_error
-from sglang_chunk_align.compat import installed_version, sglang_at_least
+from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, sglang_at_least
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # Hides the installed SGLang from a fresh interpreter (its metadata and its import), and
@@ -59,8 +59,9 @@ def test_doctor_reports_a_working_install():
     assert [p["status"] for p in report["patch_points"]] == expected
     assert "applied" in expected and f"not for SGLang {version}" in expected
     rules_available = sglang_at_least(releases.GRID_RULES)
+    radix = "" if sglang_at_least(releases.RADIX_OPT_IN) else f"; {RADIX_OPT_IN_NEEDS}"
     assert report["grid_rules"] == (
-        "available" if rules_available else f"not on SGLang {version}: {releases.WITHOUT_GRID_RULES}"
+        f"available{radix}" if rules_available else f"not on SGLang {version}: {releases.WITHOUT_GRID_RULES}"
     )
     assert (report["grid"] or "").startswith("128/gcd(128, GQA group) tokens" if rules_available else "")
     assert ("indices_updater_prefill" in report["grid"]) if rules_available else report["grid"] is None
@@ -91,9 +92,9 @@ def test_doctor_reports_the_grid_rules_off():
     assert report["switches"]["SGLANG_CHUNK_ALIGN_RULES"] == 0
     assert report["grid_rules"] == "off (SGLANG_CHUNK_ALIGN_RULES=0)" and report["grid"] is None
     off = [p["name"] for p in report["patch_points"] if p["status"] == "off (SGLANG_CHUNK_ALIGN_RULES=0)"]
-    rules = [p.name for p in patches.PATCH_POINTS
-             if "schedule_policy" in p.module or p.target in ("match_kv_cache", "UnifiedRadixCache.checkpoint")]
-    assert off == rules and len(off) == 7
+    grid_rule_modules = ("schedule_policy", "schedule_batch", "unified_radix_cache")
+    assert off == [p.name for p in patches.release_points(installed_version()) if p.module.endswith(grid_rule_modules)]
+    assert len(off) >= 4  # at least the PrefillAdder's admission paths
     assert "sglang.srt.managers.scheduler.Scheduler.check_truncation_align_fits_chunk" not in off
 
 

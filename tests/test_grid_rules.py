@@ -14,10 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks import analysis, scheduling, workload
-from sglang_chunk_align import prefill_hooks
+from sglang_chunk_align import prefill_hooks, releases
+from sglang_chunk_align.compat import sglang_at_least
 from sglang_chunk_align.planning import Rules, tile_conflicts
 
 pytestmark = pytest.mark.needs_grid_rules
+needs_radix_opt_in = pytest.mark.needs_radix_opt_in
+# Releases before the radix opt-in keep the radix cache off under deterministic flashinfer.
+RADIX_MODES = st.booleans() if sglang_at_least(releases.RADIX_OPT_IN) else st.just(False)
 
 RULES = Rules()  # the rules where the backend does not say its geometry
 SHAPES = {shape.name: shape for shape in workload.SHAPES}
@@ -78,7 +82,7 @@ prompt = st.tuples(st.integers(1, 1500), st.integers(0, 1500), st.integers(0, 12
     prompts=st.lists(prompt, min_size=1, max_size=10),
     chunk=st.sampled_from([128, 256, 384, 512, 1024]),
     kv_tokens=st.sampled_from([2048, 4096, 16384]),
-    radix=st.booleans(),
+    radix=RADIX_MODES,
     shape=st.sampled_from([None, *SHAPES]),
     page_size=st.sampled_from([1, 16]),
 )
@@ -89,6 +93,7 @@ def test_plugin_schedules_start_on_the_grid_on_solo_tiles_and_finish(prompts, ch
     assert_every_batch_is_exact(requests, result, chunk, rules, shape)
 
 
+@needs_radix_opt_in
 def test_a_known_group_rounds_radix_hits_to_its_finer_grid():
     shape = SHAPES["g4-d128"]
     requests, result = run_schedule([(1500, 1000, 0), (2500, 1000, 8)], 256, 16384, radix=True, shape=shape)
@@ -97,6 +102,7 @@ def test_a_known_group_rounds_radix_hits_to_its_finer_grid():
     assert_every_batch_is_exact(requests, result, 256, Rules(4, 128), shape)
 
 
+@needs_radix_opt_in
 def test_page_16_keeps_the_reused_prefix_on_the_grid_and_the_page():
     shape = SHAPES["g8-d128"]
     requests, result = run_schedule([(1500, 1000, 0), (2500, 1000, 8)], 256, 16384, radix=True, shape=shape,
@@ -112,6 +118,7 @@ def test_chunk_128_short_final_piece_rides_with_the_chunk_before_it():
     assert_every_batch_is_exact(requests, result, 128, Rules(1, 128), shape)
 
 
+@needs_radix_opt_in
 def test_radix_hit_is_rounded_down_to_the_grid():
     requests, result = run_schedule([(1500, 1000, 0), (2500, 1000, 8)], 256, 16384, radix=True)
     starts = [start for step in result["steps"] for rid, start, _ in step if rid == 1]
@@ -127,6 +134,7 @@ def test_short_prompt_waits_for_a_batch_on_its_own_tile():
     assert together == [(1, 0, 50)]
 
 
+@needs_radix_opt_in
 def test_length_alignment_alone_fails_the_same_checks():
     """The checks are sensitive: with the rules off (SGLANG_CHUNK_ALIGN_RULES=0) SGLang's schedule breaks them."""
     prompts = [(1500, 1000, 0), (2500, 1000, 8), (1040, 0, 8), (50, 0, 8)]
@@ -137,6 +145,15 @@ def test_length_alignment_alone_fails_the_same_checks():
         assert_every_batch_is_exact(requests, result, 256)
 
 
+def test_length_alignment_alone_leaves_a_short_final_piece():
+    """Radix off, on every release with the rules: with the rules off, SGLang's 128-aligned cuts
+    leave a 16-token final piece, which the same checks catch."""
+    requests, result = run_schedule([(1040, 0, 0)], 256, 16384, radix=False, rules=False)
+    with pytest.raises(AssertionError, match=r"\(0, 1024, 1040\)"):
+        assert_every_batch_is_exact(requests, result, 256)
+
+
+@needs_radix_opt_in
 def test_the_tree_serves_only_kv_computed_in_full_q_tiles():
     """Three turns of one conversation at group 1: turn 1 reuses turn 0 up to the grid (1024) and
     recomputes 1024..1041 in a full q-tile. Stock's tree keeps turn 0's copy of those rows (computed

@@ -4,7 +4,7 @@ import pytest
 
 from sglang_chunk_align.standins import scheduler_alignment
 
-pytestmark = pytest.mark.needs_grid_rules
+pytestmark = pytest.mark.needs_radix_opt_in
 
 # SGLang's own deterministic-inference hook decides whether the radix cache stays on.
 RESOLVE = r'''

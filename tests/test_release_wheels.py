@@ -24,6 +24,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from sglang_chunk_align import prefill_hooks
 from sglang_chunk_align.patches import _ABSENT, FAILURE_GUARD, PatchPoint, release_points
 from sglang_chunk_align.releases import NEWEST, RELEASES
 
@@ -48,6 +49,12 @@ SIGNATURES = {
     "PrefillAdder.add_one_req_ignore_eos": "self, req",
     "PrefillAdder.add_one_req": "self, req, has_chunked_req, truncation_align_size",
     "match_kv_cache": "req, tree_cache, ..., *, max_prefix_len",
+}
+# Calls inside a wrapped function that its wrapper relies on, by wrapper: the callee as
+# written there, and a keyword it must pass (None: positional arguments).
+CALLS = {
+    prefill_hooks.continue_on_grid_by_budget: ("self.memory_budget.fit_chunk", "extend_input_len"),
+    prefill_hooks.continue_on_grid_by_extend: ("req.set_extend_range", None),
 }
 
 
@@ -149,7 +156,19 @@ def _wrapped_problems(wheel, point, stock, class_name):
     expected = SIGNATURES.get(point.target)
     if expected and not _signature_fits(stock.args, expected):
         return [f"{point.name}: signature ({ast.unparse(stock.args)}) in {where}, expected ({expected})"]
+    call = CALLS.get(point.wrapper)
+    if call and not _calls(stock, *call):
+        callee, keyword = call
+        return [f"{point.name}: no call {callee}({f'{keyword}=...' if keyword else ''}) in {where}"]
     return []
+
+
+def _calls(function, callee, keyword):
+    return any(
+        isinstance(node, ast.Call) and ast.unparse(node.func) == callee
+        and (keyword is None or any(k.arg == keyword for k in node.keywords))
+        for node in ast.walk(function)
+    )
 
 
 def _signature_fits(args, expected):
@@ -187,6 +206,21 @@ def _wrong(target, module="sglang.srt.managers.scheduler", **kind):
 )
 def test_checker_reports_a_wrong_point(point, reported):
     (problem,) = point_problems(release_wheel(NEWEST), point)
+    assert reported in problem
+
+
+@pytest.mark.parametrize(
+    "wrapper, release, reported",
+    [
+        # 0.5.20's add_chunked_req clamps a continuation itself: no memory budget answers for it.
+        (prefill_hooks.continue_on_grid_by_budget, "0.5.20", "no call self.memory_budget.fit_chunk(extend_input_len=...)"),
+        # 0.5.22's sets req.extend_end directly.
+        (prefill_hooks.continue_on_grid_by_extend, "0.5.22", "no call req.set_extend_range()"),
+    ],
+)
+def test_checker_reports_a_missing_call(wrapper, release, reported):
+    point = _wrong("PrefillAdder.add_chunked_req", "sglang.srt.managers.schedule_policy", wrapper=wrapper)
+    (problem,) = point_problems(release_wheel(release), point)
     assert reported in problem
 
 

@@ -206,10 +206,14 @@ def test_invalid_rules_switch_is_refused(plugin, monkeypatch):
 
 
 def test_radix_opt_in_without_the_grid_rules_is_refused(plugin, monkeypatch):
-    """Turned off by SGLANG_CHUNK_ALIGN_RULES=0, or missing before SGLang 0.5.23: refused, never ignored."""
+    """Before the rules reach radix hits and the tree (SGLang 0.5.22), or with the rules turned off
+    by SGLANG_CHUNK_ALIGN_RULES=0: refused, never ignored."""
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RADIX_CACHE", "1")
+    if not sglang_at_least(releases.RADIX_OPT_IN):
+        with pytest.raises(ValueError, match=f"RADIX_CACHE=1 needs SGLang {releases.RADIX_OPT_IN} or newer"):
+            scheduler_alignment(chunk=256)
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "0")
-    with pytest.raises(ValueError, match="SGLANG_CHUNK_ALIGN_RADIX_CACHE=1 needs the grid rules"):
+    with pytest.raises(ValueError, match="SGLANG_CHUNK_ALIGN_RADIX_CACHE=1 needs"):
         scheduler_alignment(chunk=256)
     assert scheduler_alignment(deterministic=False, chunk=256) is None  # the switch matters only there
 
