@@ -17,8 +17,6 @@ import pkgutil
 import sys
 from importlib import metadata
 
-from packaging.specifiers import SpecifierSet
-
 from . import patches, prefill_hooks, releases, standins
 from .planning import Rules, plan
 from .alignment import PREFILL_Q_TILE_TOKENS, chunk_size_error
@@ -27,6 +25,7 @@ from .compat import (
     RULES_ENV,
     SUPPORTED_SGLANG,
     ChunkAlignError,
+    admits,
     check_sglang_version,
     check_switches,
     installed_version,
@@ -162,7 +161,7 @@ def _check_release(report, version):
         report["patch_points"].append(
             {"name": point.name, "versions": str(point.versions), "reason": point.reason, "status": status}
         )
-    if not SpecifierSet(patches.GRID_RULES_RELEASES).contains(version, prereleases=True):
+    if not admits(patches.GRID_RULES_RELEASES, version):
         report["grid_rules"] = f"not on SGLang {version}: {releases.WITHOUT_GRID_RULES}"
     else:
         radix = "" if sglang_at_least(releases.RADIX_OPT_IN) else f"; {RADIX_OPT_IN_NEEDS}"
