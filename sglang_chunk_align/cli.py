@@ -5,6 +5,7 @@ flags every hazard. `doctor` checks whether this environment can run the
 plugin: it applies the patches in its own process, reports each patch point, and asks
 every installed attention-backend class what it declares under deterministic
 inference, using instances built without __init__ (no GPU, no model).
+`verify` checks a running server bit for bit against solo, cold requests (verify.py).
 """
 
 import argparse
@@ -17,7 +18,7 @@ import pkgutil
 import sys
 from importlib import metadata
 
-from . import patches, prefill_hooks, releases, standins
+from . import patches, prefill_hooks, releases, standins, verify
 from .planning import Rules, plan
 from .alignment import PREFILL_Q_TILE_TOKENS, chunk_size_error
 from .compat import (
@@ -59,9 +60,12 @@ def main(argv=None):
     planner.add_argument("--group", type=_at_least(1), default=1, help="GQA group (q heads per KV head)")
     planner.add_argument("--head-dim", type=_at_least(1), help="model head_dim (below 256 exempts very short KV)")
     planner.add_argument("--json", action="store_true", help="print JSON")
+    verifier = verify.add_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "plan":
         return run_plan(planner, args)
+    if args.command == "verify":
+        return verify.run(verifier, args)
     with contextlib.redirect_stdout(sys.stderr):  # some SGLang modules print on import
         report = run_doctor()
     print(json.dumps(report, indent=2) if args.json else format_doctor(report))

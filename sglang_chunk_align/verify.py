@@ -1,0 +1,487 @@
+"""`sglang-chunk-align verify`: check a running SGLang server bit for bit, end to end.
+
+The CPU tests and the replay benchmark check the scheduler's decisions; only a
+live server shows what users get: the plugin loaded in every process, the real
+backend, CUDA graphs, the overlap scheduler and the radix tree. This command
+sends that server the workloads a deterministic deployment meets and compares
+every request's input-token logprobs and generated tokens, bit for bit, with
+the same request answered alone and cold (the baseline).
+
+Standard library only, and imported only by the command: it runs on a client
+machine without SGLang, and plugin loading in SGLang's processes never pays for it.
+
+Workloads (deterministic per --seed; --prompts requests each):
+
+- mixed: prompts of 1-32 tokens, at and one token around multiples of the
+  128-token q-tile grid, long ones (2049-4608 tokens, several chunks at every
+  chunk size), and prompts sharing a long prefix (1000-2500 tokens) so that
+  radix hits land off the grid;
+- chat: conversations of up to 4 turns after a shared system prompt; each
+  turn's prompt is the previous turn's prompt, its output and new user text,
+  so later turns hit the radix cache.
+
+Prompts are random token ids below --vocab-size with --input-ids (for servers
+started with --skip-tokenizer-init, such as dummy weights), otherwise words
+(about one token each) sent as text.
+
+Passes, each after one /flush_cache of the server under test: `sequential`
+(one request at a time, conversations turn by turn) and `concurrent`
+(--concurrency requests in flight; a conversation's turns stay in order). The
+chat prompts are built from the server's answers in the sequential pass and
+then fixed. The baseline sends each prompt alone after a /flush_cache: to
+--reference (meant to run with chunked prefill off, so chunked vs unchunked is
+checked), or without one to --server itself, which checks concurrency and
+cache hits but not chunked vs unchunked (the report says so).
+
+A chat pass on the server under test that never hits the radix cache checks
+no radix hit, so it fails, unless --no-radix says the server runs with the
+radix cache off (stock SGLang under deterministic flashinfer; the plugin keeps
+it on with SGLANG_CHUNK_ALIGN_RADIX_CACHE=1). A baseline request that reports
+cached tokens after its /flush_cache was not cold, which fails too.
+
+Exit status: 0 when every request is identical, 1 on any difference or
+problem, 2 when a server cannot be reached or answers badly, or an argument is
+bad (one line on stderr).
+
+--json prints one object with these keys:
+  ok, server, reference (null without one), baseline ("reference" or "server"),
+  chunked_vs_unchunked_checked, radix_expected, input ("input_ids" or "text"),
+  seed, concurrency, max_new_tokens, problems (list of strings),
+  workloads: {name: {requests, conversations, prompt_tokens (per request),
+    baseline_cached_tokens (per request),
+    passes: {"sequential"|"concurrent": {requests, identical,
+      cached_tokens (per request), cached_tokens_total, requests_with_hit,
+      failures: [{request, conversation, turn, prompt_tokens,
+                  first_difference ("input" or "output"), index}]}}}}
+Requests are numbered conversation by conversation, turn by turn (a mixed
+prompt is a conversation of one turn); index is the token's position in the
+prompt (input) or among the generated tokens (output).
+"""
+
+import argparse
+import http.client
+import json
+import math
+import random
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .alignment import PREFILL_Q_TILE_TOKENS
+
+WORKLOADS = ("mixed", "chat")
+TURNS = 4
+SYSTEM_PROMPT_TOKENS = 300
+WORDS = (
+    "the of and to in is that it for on with as was at by be this from or have an are not but what all "
+    "were when we there can been has more if will one so no out up about into than them only other new "
+    "some could time these two may then first any like now my such over also back after use our way"
+).split()
+FLUSH_WAIT_S = 30  # how long a /flush_cache may wait for the server to go idle
+RADIX_HINT = (
+    "start the server with the radix cache on (SGLANG_CHUNK_ALIGN_RADIX_CACHE=1), "
+    "or pass --no-radix if it runs without one"
+)
+
+
+class ServerError(Exception):
+    """A server could not answer as SGLang does; run() prints it on one line and exits 2."""
+
+
+def add_parser(commands):
+    """The `verify` subcommand on cli.py's subparsers; returns it for run()."""
+    from .cli import _at_least  # the integer check plan's arguments use; cli is loaded by now
+
+    verifier = commands.add_parser("verify", help="compare a running server's logprobs with solo, cold requests")
+    verifier.add_argument("--server", type=_url, required=True, help="URL of the server under test")
+    verifier.add_argument("--reference", type=_url, help="URL of a reference server (chunked prefill off)")
+    verifier.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all")
+    verifier.add_argument("--prompts", type=_at_least(1), default=32, help="requests per workload")
+    verifier.add_argument("--concurrency", type=_at_least(1), default=8, help="requests in flight in the concurrent pass")
+    verifier.add_argument("--seed", type=int, default=0, help="seed of the workloads")
+    verifier.add_argument("--max-new-tokens", type=_at_least(1), default=8, help="greedy tokens generated per request")
+    verifier.add_argument("--input-ids", action="store_true", help="send token ids (servers with --skip-tokenizer-init)")
+    verifier.add_argument("--vocab-size", type=_at_least(1), help="with --input-ids: ids are drawn below this")
+    verifier.add_argument("--no-radix", action="store_true", help="the server runs without a radix cache: chat need not hit it")
+    verifier.add_argument("--timeout", type=_seconds, default=300, help="seconds each HTTP call may take")
+    verifier.add_argument("--json", action="store_true", help="print a JSON report")
+    return verifier
+
+
+def _url(text):
+    """An argparse type: an http(s) URL with a host, so a typo is refused before anything is sent."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL")
+    return text.rstrip("/")
+
+
+def _seconds(text):
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def run(verifier, args):
+    if args.input_ids != (args.vocab_size is not None):
+        verifier.error("--input-ids and --vocab-size go together: token ids are drawn below the vocab size")
+    prompts = TokenIds(args.vocab_size) if args.input_ids else Words()
+    server = Server(args.server, args.timeout)
+    baseline = Server(args.reference, args.timeout) if args.reference else server
+    report = {
+        "ok": None,
+        "server": args.server,
+        "reference": args.reference,
+        "baseline": "reference" if args.reference else "server",
+        "chunked_vs_unchunked_checked": bool(args.reference),
+        "radix_expected": not args.no_radix,
+        "input": prompts.field,
+        "seed": args.seed,
+        "concurrency": args.concurrency,
+        "max_new_tokens": args.max_new_tokens,
+        "problems": [],
+        "workloads": {},
+    }
+    names = WORKLOADS if args.workload == "all" else (args.workload,)
+    progress = Progress(enabled=not args.json and sys.stderr.isatty())
+    try:
+        for name in names:
+            conversations = BUILDERS[name](random.Random(f"{args.seed}:{name}"), args.prompts, prompts)
+            report["workloads"][name] = check_workload(
+                name, conversations, server, baseline, prompts, args, progress, report["problems"]
+            )
+    except ServerError as error:
+        progress.clear()
+        print(f"sglang-chunk-align verify: {error}", file=sys.stderr)
+        return 2
+    report["ok"] = not report["problems"] and all(
+        p["identical"] == p["requests"] for w in report["workloads"].values() for p in w["passes"].values()
+    )
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
+
+
+# ---------------------------------------------------------------------------
+# Workloads: conversations, each a list of turns' new units (token ids or words).
+# ---------------------------------------------------------------------------
+
+
+class TokenIds:
+    """Prompts as token ids, for servers started with --skip-tokenizer-init."""
+
+    field = "input_ids"
+
+    def __init__(self, vocab_size):
+        self.vocab_size = vocab_size
+
+    def units(self, rng, count):
+        return [rng.randrange(self.vocab_size) for _ in range(count)]
+
+    def first(self, units):
+        return list(units)
+
+    def follow_up(self, prompt, answer, units):
+        return prompt + answer.output_ids + units
+
+
+class Words:
+    """Prompts as text of common words, about one token each, for servers with a tokenizer."""
+
+    field = "text"
+
+    def units(self, rng, count):
+        return [rng.choice(WORDS) for _ in range(count)]
+
+    def first(self, units):
+        return " ".join(units)
+
+    def follow_up(self, prompt, answer, units):
+        return prompt + answer.text + " " + " ".join(units)
+
+
+def mixed_workload(rng, count, prompts):
+    """Single-turn prompts, a quarter each short, around the grid, long, and on a shared prefix."""
+    prefixes = [prompts.units(rng, rng.randint(1000, 2500)) for _ in range(max(1, count // 16))]  # 4 prompts each
+    conversations = []
+    for i in range(count):
+        kind = i % 4
+        if kind == 0:
+            units = prompts.units(rng, rng.randint(1, 32))
+        elif kind == 1:
+            units = prompts.units(rng, PREFILL_Q_TILE_TOKENS * rng.randint(1, 24) + rng.choice((-1, 0, 1)))
+        elif kind == 2:
+            units = prompts.units(rng, rng.randint(2049, 4608))
+        else:
+            units = prefixes[(i // 4) % len(prefixes)] + prompts.units(rng, rng.randint(1, 512))
+        conversations.append([units])
+    rng.shuffle(conversations)
+    return conversations
+
+
+def chat_workload(rng, count, prompts):
+    """Conversations of up to TURNS turns, `count` turns in all, after one shared system prompt."""
+    system = prompts.units(rng, SYSTEM_PROMPT_TOKENS)
+    conversations = []
+    for start in range(0, count, TURNS):
+        turns = min(TURNS, count - start)
+        first = system + prompts.units(rng, rng.randint(16, 1500))
+        conversations.append([first] + [prompts.units(rng, rng.randint(8, 400)) for _ in range(turns - 1)])
+    return conversations
+
+
+BUILDERS = {"mixed": mixed_workload, "chat": chat_workload}
+
+
+# ---------------------------------------------------------------------------
+# SGLang's native HTTP API.
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    """What is compared of one /generate reply, and what the next turn needs."""
+
+    input_logprobs: list  # one value per prompt token; the first is None
+    output: list  # (token id, logprob) per generated token
+    output_ids: list
+    text: str
+    cached_tokens: int
+
+
+class Server:
+    """One SGLang server's /generate and /flush_cache, every call under a timeout."""
+
+    def __init__(self, url, timeout):
+        self.url = url
+        self.timeout = timeout
+
+    def generate(self, field, prompt, max_new_tokens):
+        body = {
+            field: prompt,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        }
+        status, reply = self._post("/generate", json.dumps(body).encode())
+        if status != 200:
+            raise ServerError(f"{self.url}/generate: HTTP {status}: {_error_text(reply)}")
+        try:
+            reply = json.loads(reply)
+            meta = reply["meta_info"]
+            output = [(entry[1], entry[0]) for entry in meta["output_token_logprobs"]]
+            return Answer(
+                input_logprobs=[entry[0] for entry in meta["input_token_logprobs"]],
+                output=output,
+                output_ids=reply["output_ids"],
+                text=reply.get("text") or "",
+                cached_tokens=int(meta["cached_tokens"]),
+            )
+        except (ValueError, KeyError, TypeError, IndexError) as error:
+            raise ServerError(
+                f"{self.url}/generate: not an SGLang reply with logprobs and output ids ({type(error).__name__}: {error})"
+            ) from None
+
+    def flush(self):
+        """Empty the radix cache. SGLang refuses while requests run; 0.5.23 waits up to ?timeout for idle."""
+        deadline = time.monotonic() + FLUSH_WAIT_S
+        while True:
+            status, reply = self._post(f"/flush_cache?timeout={FLUSH_WAIT_S}", b"")
+            if status == 200:
+                return
+            if time.monotonic() > deadline:
+                raise ServerError(f"{self.url}/flush_cache: HTTP {status}: {_error_text(reply)}")
+            time.sleep(0.2)
+
+    def _post(self, path, data):
+        request = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+        except (OSError, http.client.HTTPException) as error:  # refused, reset, timed out, cut off
+            detail = str(getattr(error, "reason", error)) or type(error).__name__
+            raise ServerError(f"{self.url}{path.split('?')[0]}: {detail}") from None
+
+
+def _error_text(reply):
+    """SGLang's error message from a reply body, on one line."""
+    text = reply.decode(errors="replace")
+    try:
+        message = json.loads(text)["error"]
+        text = message.get("message", message) if isinstance(message, dict) else message
+    except (ValueError, KeyError, TypeError):
+        pass
+    return " ".join(str(text).split())[:500]
+
+
+# ---------------------------------------------------------------------------
+# Passes and the comparison.
+# ---------------------------------------------------------------------------
+
+
+def check_workload(name, conversations, server, baseline, prompts, args, progress, problems):
+    """Both passes on the server under test, then each prompt alone and cold, compared request by request."""
+    requests = [(c, t) for c, turns in enumerate(conversations) for t in range(len(turns))]
+    built = {}  # (conversation, turn) -> prompt, fixed by the sequential pass
+    answers = {}
+    for label, concurrency in (("sequential", 1), ("concurrent", args.concurrency)):
+        progress.start(f"{name} {label}", len(requests))
+        server.flush()
+        answers[label] = run_pass(server, conversations, built, prompts, args, concurrency, progress)
+    progress.start(f"{name} baseline ({'reference' if args.reference else 'server'}, cold)", len(requests))
+    cold = {}
+    for key in requests:
+        baseline.flush()
+        cold[key] = baseline.generate(prompts.field, built[key], args.max_new_tokens)
+        progress.advance()
+    progress.clear()
+
+    warm = [key for key in requests if cold[key].cached_tokens]
+    if warm:
+        problems.append(
+            f"{name} baseline: {len(warm)} of {len(requests)} requests to {baseline.url} reported cached tokens "
+            "right after /flush_cache, so they were not cold"
+        )
+    report = {
+        "requests": len(requests),
+        "conversations": len(conversations),
+        "prompt_tokens": [len(cold[key].input_logprobs) for key in requests],
+        "baseline_cached_tokens": [cold[key].cached_tokens for key in requests],
+        "passes": {},
+    }
+    for label, got in answers.items():
+        cached = [got[key].cached_tokens for key in requests]
+        failures = []
+        for number, key in enumerate(requests):
+            difference = first_difference(cold[key], got[key])
+            if difference:
+                failures.append(
+                    {"request": number, "conversation": key[0], "turn": key[1],
+                     "prompt_tokens": len(cold[key].input_logprobs),
+                     "first_difference": difference[0], "index": difference[1]}
+                )
+        report["passes"][label] = {
+            "requests": len(requests),
+            "identical": len(requests) - len(failures),
+            "cached_tokens": cached,
+            "cached_tokens_total": sum(cached),
+            "requests_with_hit": sum(1 for c in cached if c),
+            "failures": failures,
+        }
+        if name == "chat" and not args.no_radix and not any(cached):
+            problems.append(f"{name} {label}: the radix cache was never hit on {server.url}: {RADIX_HINT}")
+    return report
+
+
+def run_pass(server, conversations, built, prompts, args, concurrency, progress):
+    """Every conversation's turns in order, `concurrency` conversations at a time."""
+
+    def converse(c):
+        answers = {}
+        for t, units in enumerate(conversations[c]):
+            if (c, t) not in built:
+                built[c, t] = prompts.follow_up(built[c, t - 1], answers[c, t - 1], units) if t else prompts.first(units)
+            answers[c, t] = server.generate(prompts.field, built[c, t], args.max_new_tokens)
+            progress.advance()
+        return answers
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return {key: answer for answers in pool.map(converse, range(len(conversations))) for key, answer in answers.items()}
+
+
+def first_difference(want, got):
+    """("input", i) or ("output", j) at the first token whose logprob or id differs, or None.
+
+    JSON floats round-trip exactly, so != is a bitwise difference.
+    """
+    at = _first_mismatch(want.input_logprobs, got.input_logprobs)
+    if at is not None:
+        return "input", at
+    at = [i for i in (_first_mismatch(want.output_ids, got.output_ids), _first_mismatch(want.output, got.output)) if i is not None]
+    return ("output", min(at)) if at else None
+
+
+def _first_mismatch(a, b):
+    """The first index where two lists differ, a missing item counting as different; None when equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+# ---------------------------------------------------------------------------
+# Output.
+# ---------------------------------------------------------------------------
+
+
+class Progress:
+    """A plain-text bar on stderr: `[####      ] 12/40 mixed concurrent`."""
+
+    WIDTH = 30
+
+    def __init__(self, enabled, stream=None):
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.lock = threading.Lock()
+        self.label, self.total, self.done = "", 0, 0
+
+    def start(self, label, total):
+        self.label, self.total, self.done = label, total, 0
+        self._draw()
+
+    def advance(self):
+        with self.lock:
+            self.done += 1
+            self._draw()
+
+    def clear(self):
+        if self.enabled:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+    def _draw(self):
+        if self.enabled:
+            filled = self.WIDTH * self.done // max(self.total, 1)
+            self.stream.write(f"\r[{'#' * filled}{' ' * (self.WIDTH - filled)}] {self.done}/{self.total} {self.label}\033[K")
+            self.stream.flush()
+
+
+def format_report(report):
+    against = (
+        f"reference {report['reference']} (each prompt alone after /flush_cache)"
+        if report["reference"]
+        else "itself, each prompt alone after /flush_cache"
+    )
+    lines = [f"sglang-chunk-align verify: {report['server']} against {against}; prompts as {report['input']}"]
+    for name, workload in report["workloads"].items():
+        tokens = workload["prompt_tokens"]
+        conversations = f" in {workload['conversations']} conversations" * (workload["conversations"] < workload["requests"])
+        lines.append(f"{name}: {workload['requests']} requests{conversations}, {min(tokens)}-{max(tokens)} prompt tokens")
+        for label, result in workload["passes"].items():
+            lines.append(
+                f"  {label}: {result['identical']} of {result['requests']} identical; "
+                f"cached tokens {result['cached_tokens_total']} in {result['requests_with_hit']} of {result['requests']} requests"
+            )
+            lines += [
+                f"    request {f['request']} (conversation {f['conversation']}, turn {f['turn']}, "
+                f"{f['prompt_tokens']} prompt tokens): first difference at {f['first_difference']} token {f['index']}"
+                for f in result["failures"]
+            ]
+    if not report["chunked_vs_unchunked_checked"]:
+        lines.append(
+            "NOT CHECKED: chunked vs unchunked prefill (no --reference); only concurrency and cache hits "
+            "against the same server's cold, solo answers"
+        )
+    lines += [f"FAILED: {problem}" for problem in report["problems"]]
+    lines.append("OK: every request identical" if report["ok"] else "NOT OK")
+    return "\n".join(lines)

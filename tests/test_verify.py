@@ -1,0 +1,450 @@
+"""`sglang-chunk-align verify` against a local stand-in of SGLang's HTTP API.
+
+The stand-in models what verify relies on in a server: logprobs and greedy
+tokens that are a pure function of the token ids, a prefix cache that reports
+`cached_tokens`, /flush_cache refusing while busy, and SGLang's reply shapes
+(`output_ids`; `text` only with a tokenizer). Faults are switched on per test:
+one input or output logprob moved by one ULP, or one generated token changed,
+when a request overlaps another, hits the cache or is long; no cache hits; a
+flush that keeps the cache; a dropped connection; a slow answer. Each fault
+must make verify fail and name the token. Only the remote API is stood in for;
+nothing of SGLang itself is faked (the bodies are checked with SGLang's own
+/generate contract where it is installed).
+"""
+
+import importlib.util
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import zlib
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from sglang_chunk_align import PREFILL_Q_TILE_TOKENS, verify
+from sglang_chunk_align.cli import main
+
+VOCAB = 1000
+ROOT = Path(__file__).resolve().parent.parent
+FAST = ["--prompts", "8", "--max-new-tokens", "4", "--concurrency", "4"]
+IDS = ["--input-ids", "--vocab-size", str(VOCAB)]
+
+
+@dataclass
+class Request:
+    """One /generate call as the stand-in saw it; faults decide on it."""
+
+    tokens: list
+    cached: int
+    overlapped: bool = False  # another request was in flight at some time during this one
+
+
+class StandIn(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        """A client that gave up (verify's timeout) is part of the test; anything else is printed."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+    def __init__(self, perturb=None, radix=True, skip_tokenizer_init=False, drop_after=None,
+                 busy_flushes=0, flush_ignored=False, delay=0.0):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.perturb = perturb or (lambda request: None)  # Request -> (where, index) or None
+        self.radix = radix
+        self.skip_tokenizer_init = skip_tokenizer_init
+        self.drop_after = drop_after
+        self.busy_flushes = busy_flushes
+        self.flush_ignored = flush_ignored
+        self.delay = delay
+        self.lock = threading.Lock()
+        self.cache = []  # token sequences whose KV is kept
+        self.in_flight = []
+        self.bodies = []
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+    def generate(self, body):
+        """(status, reply) for one /generate body."""
+        if "input_ids" in body:
+            tokens = body["input_ids"]
+        elif self.skip_tokenizer_init:  # SGLang's words for this case
+            return 400, {"error": {"message": "The engine initialized with skip_tokenizer_init=True cannot accept text prompts."}}
+        else:
+            tokens = [int(w[1:]) if re.fullmatch(r"t\d+", w) else zlib.crc32(w.encode()) % VOCAB for w in body["text"].split()]
+        with self.lock:
+            cached = max((_common(tokens, seq) for seq in self.cache), default=0) if self.radix else 0
+            request = Request(tokens, min(cached, len(tokens) - 1))
+            self.in_flight.append(request)
+            for other in self.in_flight if len(self.in_flight) > 1 else ():
+                other.overlapped = True
+        time.sleep(self.delay)
+        seq = list(tokens)
+        for _ in range(body["sampling_params"]["max_new_tokens"]):
+            seq.append(zlib.crc32(f"{seq[-2:]} {len(seq)}".encode()) % VOCAB)
+        with self.lock:
+            self.in_flight.remove(request)
+            self.cache.append(seq)
+        logprobs = [None] + [_logprob(seq, i) for i in range(1, len(seq))]
+        outputs = seq[len(tokens):]
+        where, index = self.perturb(request) or (None, None)
+        if where == "input":
+            logprobs[index] = math.nextafter(logprobs[index], 0)
+        elif where == "output":
+            logprobs[len(tokens) + index] = math.nextafter(logprobs[len(tokens) + index], 0)
+        elif where == "output_id":
+            outputs[index] = (outputs[index] + 1) % VOCAB
+        reply = {
+            "output_ids": outputs,
+            "meta_info": {
+                "input_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs, tokens)],
+                "output_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs[len(tokens):], outputs)],
+                "cached_tokens": request.cached,
+                "prompt_tokens": len(tokens),
+                "completion_tokens": len(outputs),
+            },
+        }
+        if not self.skip_tokenizer_init:
+            reply["text"] = "".join(f" t{t}" for t in outputs)
+        return 200, reply
+
+    def flush(self):
+        with self.lock:
+            if self.busy_flushes or self.in_flight:
+                self.busy_flushes = max(0, self.busy_flushes - 1)
+                return 400, "Cache not flushed because there are pending requests."
+            if not self.flush_ignored:
+                self.cache.clear()
+        return 200, "Cache flushed.\nPlease check backend logs for more details.\n"
+
+
+def _common(a, b):
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _logprob(seq, i):
+    """A full-precision float that depends on the token, its predecessor and its position."""
+    return math.log((zlib.crc32(f"{seq[i - 1]} {seq[i]} {i}".encode()) % 999_983 + 1) / 1e6)
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        server = self.server
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        path = urllib.parse.urlsplit(self.path).path
+        if path == "/flush_cache":
+            status, reply = server.flush()
+            return self._send(status, reply.encode(), "text/plain")
+        if path != "/generate":
+            return self._send(404, b"not found", "text/plain")
+        body = json.loads(body)
+        with server.lock:
+            server.bodies.append(body)
+            drop = server.drop_after is not None and len(server.bodies) > server.drop_after
+        if drop:  # the server went away mid-run: no answer at all
+            self.close_connection = True
+            return
+        status, reply = server.generate(body)
+        self._send(status, json.dumps(reply).encode(), "application/json")
+
+    def _send(self, status, data, content_type):
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def standin():
+    """standin(**faults) -> a running StandIn, shut down after the test."""
+    started = []
+
+    def start(**faults):
+        server = StandIn(**faults)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+def run_verify(capsys, *args):
+    code = main(["verify", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *args):
+    code, out, _ = run_verify(capsys, *args, "--json")
+    return code, json.loads(out)
+
+
+def failures(report, workload, label):
+    return report["workloads"][workload]["passes"][label]["failures"]
+
+
+def test_identical_servers_pass_with_radix_hits(capsys, standin):
+    server, reference = standin(), standin()
+    code, out, err = run_verify(capsys, "--server", server.url, "--reference", reference.url, *FAST, *IDS)
+    assert code == 0, out
+    assert err == ""  # no progress bar where stderr is not a terminal
+    for line in ("  sequential: 8 of 8 identical", "  concurrent: 8 of 8 identical"):
+        assert out.count(line) == 2  # mixed and chat
+    assert "chat: 8 requests in 2 conversations" in out
+    assert "NOT CHECKED" not in out
+    assert out.splitlines()[-1] == "OK: every request identical"
+
+
+def test_json_report_has_the_documented_keys_and_counts(capsys, standin):
+    server, reference = standin(), standin()
+    code, report = run_json(capsys, "--server", server.url, "--reference", reference.url, *FAST, *IDS)
+    assert code == 0 and report["ok"] is True
+    assert list(report) == [
+        "ok", "server", "reference", "baseline", "chunked_vs_unchunked_checked", "radix_expected", "input",
+        "seed", "concurrency", "max_new_tokens", "problems", "workloads",
+    ]
+    assert (report["baseline"], report["input"], report["problems"]) == ("reference", "input_ids", [])
+    for name, workload in report["workloads"].items():
+        assert set(workload) == {"requests", "conversations", "prompt_tokens", "baseline_cached_tokens", "passes"}
+        assert workload["requests"] == 8 and workload["baseline_cached_tokens"] == [0] * 8
+        for result in workload["passes"].values():
+            assert set(result) == {"requests", "identical", "cached_tokens", "cached_tokens_total", "requests_with_hit", "failures"}
+            assert (result["requests"], result["identical"], result["failures"]) == (8, 8, [])
+            assert result["cached_tokens_total"] == sum(result["cached_tokens"])
+            assert result["requests_with_hit"] == sum(1 for c in result["cached_tokens"] if c)
+    chat = report["workloads"]["chat"]["passes"]["sequential"]["cached_tokens"]
+    # The first turn of conversation 0 is cold; the second conversation's first turn hits the shared
+    # system prompt; every later turn hits the turn before it, output included.
+    assert chat[0] == 0 and chat[4] >= verify.SYSTEM_PROMPT_TOKENS and all(chat[t] for t in (1, 2, 3, 5, 6, 7))
+    assert report["workloads"]["mixed"]["passes"]["sequential"]["requests_with_hit"] >= 1  # the shared prefix
+
+
+def test_a_long_prompt_fault_on_the_server_names_its_first_token(capsys, standin):
+    server = standin(perturb=lambda r: ("input", 300) if len(r.tokens) > 300 else None)
+    code, report = run_json(capsys, "--server", server.url, "--reference", standin().url, *FAST, *IDS)
+    assert code == 1 and report["ok"] is False
+    for name, workload in report["workloads"].items():
+        long = [i for i, n in enumerate(workload["prompt_tokens"]) if n > 300]
+        assert long, name
+        for label in ("sequential", "concurrent"):
+            got = failures(report, name, label)
+            assert [f["request"] for f in got] == long
+            assert {(f["first_difference"], f["index"]) for f in got} == {("input", 300)}
+
+
+def test_a_fault_under_concurrency_fails_only_the_concurrent_pass(capsys, standin):
+    server = standin(perturb=lambda r: ("input", len(r.tokens) // 2) if r.overlapped else None, delay=0.02)
+    code, out, _ = run_verify(capsys, "--server", server.url, "--reference", standin().url, *FAST, *IDS, "--workload", "mixed")
+    assert code == 1
+    assert "  sequential: 8 of 8 identical" in out
+    failed = re.findall(r"request \d+ \(conversation \d+, turn 0, (\d+) prompt tokens\): first difference at input token (\d+)", out)
+    assert failed and all(int(index) == int(tokens) // 2 for tokens, index in failed)
+    assert re.search(r"  concurrent: [0-7] of 8 identical", out)
+    assert out.splitlines()[-1] == "NOT OK"
+
+
+def test_without_a_reference_a_cache_hit_fault_fails_and_chunking_is_not_checked(capsys, standin):
+    server = standin(perturb=lambda r: ("input", r.cached) if r.cached else None)
+    code, report = run_json(capsys, "--server", server.url, *FAST, *IDS)
+    assert code == 1 and report["baseline"] == "server" and report["chunked_vs_unchunked_checked"] is False
+    for name, workload in report["workloads"].items():
+        for label, result in workload["passes"].items():
+            hits = [i for i, c in enumerate(result["cached_tokens"]) if c]
+            assert [f["request"] for f in result["failures"]] == hits, (name, label)
+            assert hits or label == "concurrent", name  # concurrent prompts on one prefix may all miss
+            assert all(f["index"] == result["cached_tokens"][f["request"]] for f in result["failures"])
+    code, out, _ = run_verify(capsys, "--server", standin().url, *FAST, *IDS, "--workload", "mixed")
+    assert code == 0
+    assert "NOT CHECKED: chunked vs unchunked prefill (no --reference)" in out
+
+
+@pytest.mark.parametrize("where, index", [("output", 2), ("output_id", 1)])
+def test_a_generated_token_or_its_logprob_differing_is_named(capsys, standin, where, index):
+    server = standin(perturb=lambda r: (where, index) if r.cached else None)
+    code, report = run_json(capsys, "--server", server.url, "--reference", standin().url, *FAST, *IDS, "--workload", "chat")
+    assert code == 1
+    got = failures(report, "chat", "sequential")
+    assert len(got) == 7  # every turn but the cold first one
+    assert {(f["first_difference"], f["index"]) for f in got} == {("output", index)}
+
+
+def test_chat_without_radix_hits_fails_unless_radix_is_said_to_be_off(capsys, standin):
+    server = standin(radix=False)
+    code, out, _ = run_verify(capsys, "--server", server.url, *FAST, *IDS)
+    assert code == 1
+    assert "  sequential: 8 of 8 identical; cached tokens 0 in 0 of 8 requests" in out
+    for label in ("sequential", "concurrent"):
+        assert (
+            f"FAILED: chat {label}: the radix cache was never hit on {server.url}: start the server with the radix cache "
+            "on (SGLANG_CHUNK_ALIGN_RADIX_CACHE=1), or pass --no-radix if it runs without one"
+        ) in out.splitlines()
+    assert "mixed" not in "".join(line for line in out.splitlines() if line.startswith("FAILED"))
+    assert run_verify(capsys, "--server", server.url, *FAST, *IDS, "--no-radix")[0] == 0
+    assert run_verify(capsys, "--server", server.url, *FAST, *IDS, "--workload", "mixed")[0] == 0
+
+
+def test_a_baseline_that_is_not_cold_fails(capsys, standin):
+    server = standin(flush_ignored=True)
+    code, report = run_json(capsys, "--server", server.url, *FAST, *IDS, "--workload", "mixed")
+    assert code == 1
+    assert report["problems"] == [
+        f"mixed baseline: 8 of 8 requests to {server.url} reported cached tokens right after /flush_cache, so they were not cold"
+    ]
+
+
+def test_a_busy_flush_is_retried(capsys, standin):
+    server = standin(busy_flushes=2)
+    assert run_verify(capsys, "--server", server.url, *FAST, *IDS, "--workload", "mixed")[0] == 0
+    assert server.busy_flushes == 0
+
+
+def test_text_and_input_id_bodies_are_what_sglang_generate_accepts(capsys, standin):
+    text, ids = standin(), standin(skip_tokenizer_init=True)
+    assert run_verify(capsys, "--server", text.url, *FAST)[0] == 0
+    assert run_verify(capsys, "--server", ids.url, *FAST, *IDS)[0] == 0
+    sampling = {"max_new_tokens": 4, "temperature": 0}
+    for server, field, kind in ((text, "text", str), (ids, "input_ids", list)):
+        assert server.bodies
+        for body in server.bodies:
+            assert set(body) == {field, "sampling_params", "return_logprob", "logprob_start_len"}
+            assert isinstance(body[field], kind) and body[field]
+            assert (body["sampling_params"], body["return_logprob"], body["logprob_start_len"]) == (sampling, True, 0)
+    assert all(0 <= t < VOCAB for body in ids.bodies for t in body["input_ids"])
+    contract = sglang_generate_contract()
+    for body in (text.bodies[0], ids.bodies[0]):
+        contract.GenerateRequest.from_json_value(body)  # raises JsonContractError where SGLang refuses it
+    with pytest.raises(contract.JsonContractError):  # the contract does refuse a bad body
+        contract.GenerateRequest.from_json_value({**ids.bodies[0], "input_ids": "0 1"})
+
+
+def sglang_generate_contract():
+    """The schema SGLang's /generate checks every body against (http_server.generate_contract_error).
+
+    Its module, sglang/api/v1/api_types.py, needs only msgspec; it is loaded from the installed
+    wheel by path, because `import sglang` imports torch (20 s here).
+    """
+    spec = importlib.util.find_spec("sglang")
+    path = Path(spec.origin).parent / "api" / "v1" / "api_types.py" if spec else None
+    if path is None or not path.exists():
+        pytest.skip("no SGLang with a /generate contract (sglang/api/v1/api_types.py) is installed")
+    name = "sglang_generate_contract"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(name, path))
+    sys.modules[name] = module  # msgspec resolves the annotations through the module
+    module.__spec__.loader.exec_module(module)
+    return module
+
+
+def test_text_to_a_server_without_a_tokenizer_is_one_line_with_its_message(capsys, standin):
+    server = standin(skip_tokenizer_init=True)
+    code, out, err = run_verify(capsys, "--server", server.url, *FAST)
+    assert (code, out) == (2, "")
+    assert err == (
+        f"sglang-chunk-align verify: {server.url}/generate: HTTP 400: "
+        "The engine initialized with skip_tokenizer_init=True cannot accept text prompts.\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "faults, says",
+    [({"drop_after": 3}, "/generate: Remote end closed connection without response"), ({"delay": 2}, "/generate: timed out")],
+)
+def test_a_server_that_stops_answering_is_one_line(capsys, standin, faults, says):
+    server = standin(**faults)
+    code, out, err = run_verify(capsys, "--server", server.url, *FAST, *IDS, "--timeout", "0.5")
+    assert (code, out) == (2, "")
+    assert err == f"sglang-chunk-align verify: {server.url}{says}\n"
+
+
+def test_an_unreachable_server_is_one_line_from_the_command(standin):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: refused
+        for args in (["--server", url], ["--server", standin().url, "--reference", url]):
+            result = subprocess.run(
+                [sys.executable, "-m", "sglang_chunk_align.cli", "verify", *args, "--prompts", "1"],
+                capture_output=True, text=True, timeout=60,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+            )
+            assert result.returncode == 2
+            assert result.stdout == ""
+            assert result.stderr.startswith(f"sglang-chunk-align verify: {url}/flush_cache: ")
+            assert "Connection refused" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args, bad",
+    [
+        (["--prompts", "0"], "argument --prompts: '0' is not an integer >= 1"),
+        (["--concurrency", "x"], "argument --concurrency: 'x' is not an integer >= 1"),
+        (["--timeout", "0"], "argument --timeout: '0' is not a positive number of seconds"),
+        (["--workload", "code"], "argument --workload: invalid choice: 'code'"),
+        (["--reference", "localhost:30001"], "argument --reference: 'localhost:30001' is not an http:// or https:// URL"),
+        (["--input-ids"], "--input-ids and --vocab-size go together"),
+        (["--vocab-size", "10"], "--input-ids and --vocab-size go together"),
+    ],
+)
+def test_a_bad_argument_exits_2_naming_it(capsys, args, bad):
+    with pytest.raises(SystemExit) as exit:
+        main(["verify", "--server", "http://127.0.0.1:1", *args])
+    assert exit.value.code == 2
+    assert f"sglang-chunk-align verify: error: {bad}" in capsys.readouterr().err
+
+
+def test_workloads_cover_the_grid_long_prompts_and_shared_prefixes_per_seed():
+    ids = verify.TokenIds(VOCAB)
+    mixed = verify.mixed_workload(verify.random.Random(1), 32, ids)
+    assert mixed == verify.mixed_workload(verify.random.Random(1), 32, ids)
+    assert mixed != verify.mixed_workload(verify.random.Random(2), 32, ids)
+    lengths = [len(turns[0]) for turns in mixed]
+    assert all(len(turns) == 1 for turns in mixed)
+    assert min(lengths) <= 32 and max(lengths) > 2048
+    around_grid = [n for n in lengths if n % PREFILL_Q_TILE_TOKENS in (PREFILL_Q_TILE_TOKENS - 1, 0, 1) and n > 32]
+    assert len(around_grid) >= 8
+    prefixes = {tuple(turns[0][:1000]) for turns in mixed if len(turns[0]) > 1000}
+    assert len(prefixes) < sum(1 for n in lengths if n > 1000)  # some long prompts share their first 1000 tokens
+    chat = verify.chat_workload(verify.random.Random(1), 10, verify.Words())
+    assert [len(turns) for turns in chat] == [4, 4, 2]
+    system = chat[0][0][: verify.SYSTEM_PROMPT_TOKENS]
+    assert all(turns[0][: verify.SYSTEM_PROMPT_TOKENS] == system for turns in chat)
+    assert all(w in verify.WORDS for turns in chat for units in turns for w in units)
+
+
+def test_first_difference_counts_a_missing_token_as_different():
+    answer = verify.Answer([None, -1.5, -0.25], [(7, -0.5), (8, -0.75)], [7, 8], "", 0)
+    shorter = verify.Answer([None, -1.5, -0.25], [(7, -0.5)], [7], "", 0)
+    assert verify.first_difference(answer, answer) is None
+    assert verify.first_difference(answer, shorter) == ("output", 1)
+    assert verify.first_difference(answer, verify.Answer([None, -1.5], [], [], "", 0)) == ("input", 2)
+
+
+def test_progress_bar_draws_on_a_terminal_only():
+    import io
+
+    stream = io.StringIO()
+    bar = verify.Progress(enabled=True, stream=stream)
+    bar.start("mixed concurrent", 4)
+    bar.advance()
+    assert stream.getvalue().endswith("\r[#######                       ] 1/4 mixed concurrent\033[K")
+    quiet = io.StringIO()
+    verify.Progress(enabled=False, stream=quiet).start("mixed", 4)
+    assert quiet.getvalue() == ""
