@@ -2,6 +2,7 @@
 # Launch SGLang with deterministic flashinfer and small prefill chunks, through the plugin.
 #   examples/launch_server.sh                 # chunked server, 256-token chunks, port 30000
 #   CHUNK=-1 PORT=30001 examples/launch_server.sh   # unchunked reference server
+#   sglang-chunk-align verify --server http://127.0.0.1:30000 --reference http://127.0.0.1:30001
 # Extra arguments go to sglang.launch_server (e.g. --tp 2 --mem-fraction-static 0.4).
 set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen3-8B}

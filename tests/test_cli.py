@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from importlib import metadata
@@ -173,19 +172,6 @@ def test_plan_command_names_the_one_bad_argument(args, bad):
     assert result.returncode == 2
     assert f"sglang-chunk-align plan: error: {bad}" in result.stderr
     assert "usage: sglang-chunk-align plan" in result.stderr
-
-
-def test_compare_logprobs_without_a_server_fails_in_one_line():
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: refused
-        result = subprocess.run(
-            [sys.executable, str(EXAMPLES / "compare_logprobs.py"), "--chunked", url, "--unchunked", url, "--prompts", "1"],
-            capture_output=True, text=True, timeout=60,
-        )
-    assert result.returncode == 2
-    assert result.stderr.startswith(f"compare_logprobs: cannot get logprobs from {url}/generate: ")
-    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
 
 
 @pytest.mark.parametrize(

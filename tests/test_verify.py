@@ -375,16 +375,39 @@ def test_a_server_that_stops_answering_is_one_line(capsys, standin, faults, says
     assert err == f"sglang-chunk-align verify: {server.url}{says}\n"
 
 
+# A client machine: SGLang cannot be imported. verify runs there, and the plugin never loads it.
+WITHOUT_SGLANG = """
+import sys
+class Hide:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "sglang":
+            raise ImportError("sglang is hidden")
+sys.meta_path.insert(0, Hide())
+import sglang_chunk_align.plugin, sglang_chunk_align.patches
+assert "sglang_chunk_align.verify" not in sys.modules, "plugin loading imported verify"
+from sglang_chunk_align.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _python(*args, code=None):
+    command = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "sglang_chunk_align.cli", *args]
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": pythonpath})
+
+
+def test_verify_runs_where_sglang_is_not_installed(standin):
+    result = _python("verify", "--server", standin().url, "--workload", "mixed", "--prompts", "2", code=WITHOUT_SGLANG)
+    assert result.returncode == 0, result.stderr
+    assert "mixed: 2 requests" in result.stdout and result.stdout.endswith("OK: every request identical\n")
+
+
 def test_an_unreachable_server_is_one_line_from_the_command(standin):
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: refused
         for args in (["--server", url], ["--server", standin().url, "--reference", url]):
-            result = subprocess.run(
-                [sys.executable, "-m", "sglang_chunk_align.cli", "verify", *args, "--prompts", "1"],
-                capture_output=True, text=True, timeout=60,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
-            )
+            result = _python("verify", *args, "--prompts", "1")
             assert result.returncode == 2
             assert result.stdout == ""
             assert result.stderr.startswith(f"sglang-chunk-align verify: {url}/flush_cache: ")
