@@ -24,6 +24,15 @@ Prompts are random token ids below --vocab-size with --input-ids (for servers
 started with --skip-tokenizer-init, such as dummy weights), otherwise words
 (about one token each) sent as text.
 
+Every request is greedy (temperature 0) with return_logprob. SGLang serves a
+request from the radix cache only up to its logprob_start_len
+(Req._compute_max_prefix_len), so logprob_start_len 0 would switch radix hits
+off. A request that repeats an earlier one's prefix (a mixed prompt on a shared
+prefix, a chat turn) therefore asks for input logprobs from where that prefix
+ends: the logprobs of every token computed on top of a hit (and the generated
+tokens, which depend on the whole prompt) are compared; other requests from 0.
+The baseline gets the identical request.
+
 Passes, each after one /flush_cache of the server under test: `sequential`
 (one request at a time, conversations turn by turn) and `concurrent`
 (--concurrency requests in flight; a conversation's turns stay in order). The
@@ -37,7 +46,10 @@ A chat pass on the server under test that never hits the radix cache checks
 no radix hit, so it fails, unless --no-radix says the server runs with the
 radix cache off (stock SGLang under deterministic flashinfer; the plugin keeps
 it on with SGLANG_CHUNK_ALIGN_RADIX_CACHE=1). A baseline request that reports
-cached tokens after its /flush_cache was not cold, which fails too.
+cached tokens after its /flush_cache was not cold, and a null logprob (NaN or
+infinite on the server) compares equal unchecked: both fail too. The baseline
+and the passes flush the servers' caches, so run verify where nobody else
+sends them requests.
 
 Exit status: 0 when every request is identical, 1 on any difference or
 problem, 2 when a server cannot be reached or answers badly, or an argument is
@@ -48,7 +60,7 @@ bad (one line on stderr).
   chunked_vs_unchunked_checked, radix_expected, input ("input_ids" or "text"),
   seed, concurrency, max_new_tokens, problems (list of strings),
   workloads: {name: {requests, conversations, prompt_tokens (per request),
-    baseline_cached_tokens (per request),
+    logprob_start_len (per request), baseline_cached_tokens (per request),
     passes: {"sequential"|"concurrent": {requests, identical,
       cached_tokens (per request), cached_tokens_total, requests_with_hit,
       failures: [{request, conversation, turn, prompt_tokens,
@@ -209,6 +221,21 @@ class Words:
         return prompt + answer.text + " " + " ".join(units)
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One turn's new units, and how many leading units of its prompt an earlier request had.
+
+    `shared` becomes the request's logprob_start_len: SGLang serves a request
+    from the radix cache only up to its logprob_start_len
+    (Req._compute_max_prefix_len), so a request meant to hit the cache asks for
+    the logprobs of the tokens computed on top of the hit, not from 0. None on a
+    follow-up turn: the previous turn's prompt and output, counted by the server.
+    """
+
+    units: list
+    shared: "int | None" = 0
+
+
 def mixed_workload(rng, count, prompts):
     """Single-turn prompts, a quarter each short, around the grid, long, and on a shared prefix."""
     prefixes = [prompts.units(rng, rng.randint(1000, 2500)) for _ in range(max(1, count // 16))]  # 4 prompts each
@@ -216,14 +243,15 @@ def mixed_workload(rng, count, prompts):
     for i in range(count):
         kind = i % 4
         if kind == 0:
-            units = prompts.units(rng, rng.randint(1, 32))
+            turn = Turn(prompts.units(rng, rng.randint(1, 32)))
         elif kind == 1:
-            units = prompts.units(rng, PREFILL_Q_TILE_TOKENS * rng.randint(1, 24) + rng.choice((-1, 0, 1)))
+            turn = Turn(prompts.units(rng, PREFILL_Q_TILE_TOKENS * rng.randint(1, 24) + rng.choice((-1, 0, 1))))
         elif kind == 2:
-            units = prompts.units(rng, rng.randint(2049, 4608))
+            turn = Turn(prompts.units(rng, rng.randint(2049, 4608)))
         else:
-            units = prefixes[(i // 4) % len(prefixes)] + prompts.units(rng, rng.randint(1, 512))
-        conversations.append([units])
+            prefix = prefixes[(i // 4) % len(prefixes)]
+            turn = Turn(prefix + prompts.units(rng, rng.randint(1, 512)), len(prefix))
+        conversations.append([turn])
     rng.shuffle(conversations)
     return conversations
 
@@ -232,10 +260,10 @@ def chat_workload(rng, count, prompts):
     """Conversations of up to TURNS turns, `count` turns in all, after one shared system prompt."""
     system = prompts.units(rng, SYSTEM_PROMPT_TOKENS)
     conversations = []
-    for start in range(0, count, TURNS):
-        turns = min(TURNS, count - start)
-        first = system + prompts.units(rng, rng.randint(16, 1500))
-        conversations.append([first] + [prompts.units(rng, rng.randint(8, 400)) for _ in range(turns - 1)])
+    for done in range(0, count, TURNS):
+        turns = min(TURNS, count - done)
+        first = Turn(system + prompts.units(rng, rng.randint(16, 1500)), len(system))
+        conversations.append([first] + [Turn(prompts.units(rng, rng.randint(8, 400)), None) for _ in range(turns - 1)])
     return conversations
 
 
@@ -247,14 +275,23 @@ BUILDERS = {"mixed": mixed_workload, "chat": chat_workload}
 # ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Request:
+    """One /generate request as sent to every server: its prompt and where its input logprobs start."""
+
+    prompt: "list | str"
+    logprob_start_len: int
+
+
 @dataclass
 class Answer:
     """What is compared of one /generate reply, and what the next turn needs."""
 
-    input_logprobs: list  # one value per prompt token; the first is None
+    input_logprobs: list  # one value per prompt token from logprob_start_len on; the first is None
     output: list  # (token id, logprob) per generated token
     output_ids: list
     text: str
+    prompt_tokens: int
     cached_tokens: int
 
 
@@ -265,12 +302,12 @@ class Server:
         self.url = url
         self.timeout = timeout
 
-    def generate(self, field, prompt, max_new_tokens):
+    def generate(self, field, request, max_new_tokens):
         body = {
-            field: prompt,
+            field: request.prompt,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
             "return_logprob": True,
-            "logprob_start_len": 0,
+            "logprob_start_len": request.logprob_start_len,
         }
         status, reply = self._post("/generate", json.dumps(body).encode())
         if status != 200:
@@ -278,15 +315,19 @@ class Server:
         try:
             reply = json.loads(reply)
             meta = reply["meta_info"]
+            finish = meta.get("finish_reason") or {}
+            if finish.get("type") == "abort":  # SGLang answers some aborts with 200
+                raise ServerError(f"{self.url}/generate: request aborted: {finish.get('message')}")
             output = [(entry[1], entry[0]) for entry in meta["output_token_logprobs"]]
             return Answer(
                 input_logprobs=[entry[0] for entry in meta["input_token_logprobs"]],
                 output=output,
                 output_ids=reply["output_ids"],
                 text=reply.get("text") or "",
+                prompt_tokens=int(meta["prompt_tokens"]),
                 cached_tokens=int(meta["cached_tokens"]),
             )
-        except (ValueError, KeyError, TypeError, IndexError) as error:
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as error:
             raise ServerError(
                 f"{self.url}/generate: not an SGLang reply with logprobs and output ids ({type(error).__name__}: {error})"
             ) from None
@@ -295,7 +336,7 @@ class Server:
         """Empty the radix cache. SGLang refuses while requests run; 0.5.23 waits up to ?timeout for idle."""
         deadline = time.monotonic() + FLUSH_WAIT_S
         while True:
-            status, reply = self._post(f"/flush_cache?timeout={FLUSH_WAIT_S}", b"")
+            status, reply = self._post(f"/flush_cache?timeout={min(FLUSH_WAIT_S, self.timeout / 2)}", b"")
             if status == 200:
                 return
             if time.monotonic() > deadline:
@@ -318,9 +359,10 @@ def _error_text(reply):
     """SGLang's error message from a reply body, on one line."""
     text = reply.decode(errors="replace")
     try:
-        message = json.loads(text)["error"]
+        reply = json.loads(text)
+        message = reply.get("error") or reply["detail"]  # SGLang's errors, FastAPI's HTTPException
         text = message.get("message", message) if isinstance(message, dict) else message
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         pass
     return " ".join(str(text).split())[:500]
 
@@ -333,7 +375,7 @@ def _error_text(reply):
 def check_workload(name, conversations, server, baseline, prompts, args, progress, problems):
     """Both passes on the server under test, then each prompt alone and cold, compared request by request."""
     requests = [(c, t) for c, turns in enumerate(conversations) for t in range(len(turns))]
-    built = {}  # (conversation, turn) -> prompt, fixed by the sequential pass
+    built = {}  # (conversation, turn) -> Request, fixed by the sequential pass
     answers = {}
     for label, concurrency in (("sequential", 1), ("concurrent", args.concurrency)):
         progress.start(f"{name} {label}", len(requests))
@@ -347,6 +389,12 @@ def check_workload(name, conversations, server, baseline, prompts, args, progres
         progress.advance()
     progress.clear()
 
+    nulls = sum(_nulls(answer) for got in (cold, *answers.values()) for answer in got.values())
+    if nulls:
+        problems.append(
+            f"{name}: {nulls} logprobs came back null (NaN or infinite on the server), "
+            "and nulls compare equal without being checked"
+        )
     warm = [key for key in requests if cold[key].cached_tokens]
     if warm:
         problems.append(
@@ -356,7 +404,8 @@ def check_workload(name, conversations, server, baseline, prompts, args, progres
     report = {
         "requests": len(requests),
         "conversations": len(conversations),
-        "prompt_tokens": [len(cold[key].input_logprobs) for key in requests],
+        "prompt_tokens": [cold[key].prompt_tokens for key in requests],
+        "logprob_start_len": [built[key].logprob_start_len for key in requests],
         "baseline_cached_tokens": [cold[key].cached_tokens for key in requests],
         "passes": {},
     }
@@ -366,10 +415,11 @@ def check_workload(name, conversations, server, baseline, prompts, args, progres
         for number, key in enumerate(requests):
             difference = first_difference(cold[key], got[key])
             if difference:
+                where, index = difference
                 failures.append(
                     {"request": number, "conversation": key[0], "turn": key[1],
-                     "prompt_tokens": len(cold[key].input_logprobs),
-                     "first_difference": difference[0], "index": difference[1]}
+                     "prompt_tokens": cold[key].prompt_tokens, "first_difference": where,
+                     "index": index + built[key].logprob_start_len * (where == "input")}
                 )
         report["passes"][label] = {
             "requests": len(requests),
@@ -384,14 +434,23 @@ def check_workload(name, conversations, server, baseline, prompts, args, progres
     return report
 
 
+def _nulls(answer):
+    """Logprobs SGLang sent as null (its JSON encoder writes NaN and infinities so); the first prompt token's is always null."""
+    return answer.input_logprobs[1:].count(None) + sum(logprob is None for _, logprob in answer.output)
+
+
 def run_pass(server, conversations, built, prompts, args, concurrency, progress):
     """Every conversation's turns in order, `concurrency` conversations at a time."""
 
     def converse(c):
         answers = {}
-        for t, units in enumerate(conversations[c]):
-            if (c, t) not in built:
-                built[c, t] = prompts.follow_up(built[c, t - 1], answers[c, t - 1], units) if t else prompts.first(units)
+        for t, turn in enumerate(conversations[c]):
+            if (c, t) not in built and turn.shared is None:
+                before = answers[c, t - 1]
+                prompt = prompts.follow_up(built[c, t - 1].prompt, before, turn.units)
+                built[c, t] = Request(prompt, before.prompt_tokens + len(before.output_ids))
+            elif (c, t) not in built:
+                built[c, t] = Request(prompts.first(turn.units), turn.shared)
             answers[c, t] = server.generate(prompts.field, built[c, t], args.max_new_tokens)
             progress.advance()
         return answers
@@ -402,6 +461,8 @@ def run_pass(server, conversations, built, prompts, args, concurrency, progress)
 
 def first_difference(want, got):
     """("input", i) or ("output", j) at the first token whose logprob or id differs, or None.
+
+    i counts from the request's logprob_start_len.
 
     JSON floats round-trip exactly, so != is a bitwise difference.
     """

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import math
 import os
+import random
 import re
 import socket
 import subprocess
@@ -80,9 +81,10 @@ class StandIn(ThreadingHTTPServer):
             return 400, {"error": {"message": "The engine initialized with skip_tokenizer_init=True cannot accept text prompts."}}
         else:
             tokens = [int(w[1:]) if re.fullmatch(r"t\d+", w) else zlib.crc32(w.encode()) % VOCAB for w in body["text"].split()]
+        start = body["logprob_start_len"]
         with self.lock:
             cached = max((_common(tokens, seq) for seq in self.cache), default=0) if self.radix else 0
-            request = Request(tokens, min(cached, len(tokens) - 1))
+            request = Request(tokens, min(cached, len(tokens) - 1, start))  # SGLang's cap on a hit
             self.in_flight.append(request)
             for other in self.in_flight if len(self.in_flight) > 1 else ():
                 other.overlapped = True
@@ -96,18 +98,23 @@ class StandIn(ThreadingHTTPServer):
         logprobs = [None] + [_logprob(seq, i) for i in range(1, len(seq))]
         outputs = seq[len(tokens):]
         where, index = self.perturb(request) or (None, None)
-        if where == "input":
-            logprobs[index] = math.nextafter(logprobs[index], 0)
+        if where == "input":  # wrong KV from this token on: every later logprob moves
+            logprobs[index:] = [math.nextafter(lp, 0) for lp in logprobs[index:]]
         elif where == "output":
             logprobs[len(tokens) + index] = math.nextafter(logprobs[len(tokens) + index], 0)
         elif where == "output_id":
             outputs[index] = (outputs[index] + 1) % VOCAB
+        elif where == "null":  # a NaN logit: SGLang's JSON encoder writes null
+            logprobs[index] = None
+        finish = {"type": "abort", "message": "aborted by the test"} if where == "abort" else {"type": "length", "length": len(outputs)}
         reply = {
             "output_ids": outputs,
             "meta_info": {
-                "input_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs, tokens)],
+                "input_token_logprobs": [[None, tokens[start], None]]
+                + [[lp, t, None] for lp, t in zip(logprobs[start + 1 : len(tokens)], tokens[start + 1 :])],
                 "output_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs[len(tokens):], outputs)],
                 "cached_tokens": request.cached,
+                "finish_reason": finish,
                 "prompt_tokens": len(tokens),
                 "completion_tokens": len(outputs),
             },
@@ -225,13 +232,20 @@ def test_json_report_has_the_documented_keys_and_counts(capsys, standin):
     ]
     assert (report["baseline"], report["input"], report["problems"]) == ("reference", "input_ids", [])
     for name, workload in report["workloads"].items():
-        assert set(workload) == {"requests", "conversations", "prompt_tokens", "baseline_cached_tokens", "passes"}
+        assert set(workload) == {
+            "requests", "conversations", "prompt_tokens", "logprob_start_len", "baseline_cached_tokens", "passes"
+        }
         assert workload["requests"] == 8 and workload["baseline_cached_tokens"] == [0] * 8
         for result in workload["passes"].values():
             assert set(result) == {"requests", "identical", "cached_tokens", "cached_tokens_total", "requests_with_hit", "failures"}
             assert (result["requests"], result["identical"], result["failures"]) == (8, 8, [])
             assert result["cached_tokens_total"] == sum(result["cached_tokens"])
             assert result["requests_with_hit"] == sum(1 for c in result["cached_tokens"] if c)
+    starts, tokens = report["workloads"]["chat"]["logprob_start_len"], report["workloads"]["chat"]["prompt_tokens"]
+    # A turn asks for logprobs from where its cacheable prefix ends: the system prompt, or the turn before.
+    assert [starts[0], starts[4]] == [verify.SYSTEM_PROMPT_TOKENS] * 2
+    assert all(starts[t] == tokens[t - 1] + 4 for t in (1, 2, 3, 5, 6, 7))
+    assert set(report["workloads"]["mixed"]["logprob_start_len"]) - {0}  # the shared prefix's prompts
     chat = report["workloads"]["chat"]["passes"]["sequential"]["cached_tokens"]
     # The first turn of conversation 0 is cold; the second conversation's first turn hits the shared
     # system prompt; every later turn hits the turn before it, output included.
@@ -239,9 +253,18 @@ def test_json_report_has_the_documented_keys_and_counts(capsys, standin):
     assert report["workloads"]["mixed"]["passes"]["sequential"]["requests_with_hit"] >= 1  # the shared prefix
 
 
+def first_visible(workload, request, wrong_from):
+    """Where verify must see KV that is wrong from token `wrong_from` on: the first input logprob
+    it asked for at or after it, else the first generated token."""
+    start, tokens = workload["logprob_start_len"][request], workload["prompt_tokens"][request]
+    at = max(wrong_from, start + 1)  # the logprob at logprob_start_len itself is null
+    return ("input", at) if at < tokens else ("output", 0)
+
+
 def test_a_long_prompt_fault_on_the_server_names_its_first_token(capsys, standin):
     server = standin(perturb=lambda r: ("input", 300) if len(r.tokens) > 300 else None)
-    code, report = run_json(capsys, "--server", server.url, "--reference", standin().url, *FAST, *IDS)
+    args = ("--server", server.url, "--reference", standin().url, *FAST, *IDS)
+    code, report = run_json(capsys, *args)
     assert code == 1 and report["ok"] is False
     for name, workload in report["workloads"].items():
         long = [i for i, n in enumerate(workload["prompt_tokens"]) if n > 300]
@@ -249,18 +272,28 @@ def test_a_long_prompt_fault_on_the_server_names_its_first_token(capsys, standin
         for label in ("sequential", "concurrent"):
             got = failures(report, name, label)
             assert [f["request"] for f in got] == long
-            assert {(f["first_difference"], f["index"]) for f in got} == {("input", 300)}
+            assert [(f["first_difference"], f["index"]) for f in got] == [first_visible(workload, i, 300) for i in long]
+    assert ("input", 300) in [(f["first_difference"], f["index"]) for f in failures(report, "mixed", "sequential")]
+    code, out, _ = run_verify(capsys, *args, "--workload", "mixed")
+    assert code == 1 and out.splitlines()[-1] == "NOT OK"
+    first = failures(report, "mixed", "sequential")[0]
+    assert (
+        f"    request {first['request']} (conversation {first['request']}, turn 0, {first['prompt_tokens']} prompt tokens): "
+        f"first difference at {first['first_difference']} token {first['index']}"
+    ) in out.splitlines()
 
 
 def test_a_fault_under_concurrency_fails_only_the_concurrent_pass(capsys, standin):
     server = standin(perturb=lambda r: ("input", len(r.tokens) // 2) if r.overlapped else None, delay=0.02)
-    code, out, _ = run_verify(capsys, "--server", server.url, "--reference", standin().url, *FAST, *IDS, "--workload", "mixed")
+    args = ("--server", server.url, "--reference", standin().url, *FAST, *IDS, "--workload", "mixed")
+    code, report = run_json(capsys, *args)
     assert code == 1
-    assert "  sequential: 8 of 8 identical" in out
-    failed = re.findall(r"request \d+ \(conversation \d+, turn 0, (\d+) prompt tokens\): first difference at input token (\d+)", out)
-    assert failed and all(int(index) == int(tokens) // 2 for tokens, index in failed)
-    assert re.search(r"  concurrent: [0-7] of 8 identical", out)
-    assert out.splitlines()[-1] == "NOT OK"
+    assert failures(report, "mixed", "sequential") == []
+    got = failures(report, "mixed", "concurrent")
+    mixed = report["workloads"]["mixed"]
+    assert 0 < len(got) < 8 or all(n > 1 for n in mixed["prompt_tokens"])
+    for f in got:
+        assert (f["first_difference"], f["index"]) == first_visible(mixed, f["request"], f["prompt_tokens"] // 2)
 
 
 def test_without_a_reference_a_cache_hit_fault_fails_and_chunking_is_not_checked(capsys, standin):
@@ -272,7 +305,9 @@ def test_without_a_reference_a_cache_hit_fault_fails_and_chunking_is_not_checked
             hits = [i for i, c in enumerate(result["cached_tokens"]) if c]
             assert [f["request"] for f in result["failures"]] == hits, (name, label)
             assert hits or label == "concurrent", name  # concurrent prompts on one prefix may all miss
-            assert all(f["index"] == result["cached_tokens"][f["request"]] for f in result["failures"])
+            assert [(f["first_difference"], f["index"]) for f in result["failures"]] == [
+                first_visible(workload, i, result["cached_tokens"][i]) for i in hits
+            ]
     code, out, _ = run_verify(capsys, "--server", standin().url, *FAST, *IDS, "--workload", "mixed")
     assert code == 0
     assert "NOT CHECKED: chunked vs unchunked prefill (no --reference)" in out
@@ -307,8 +342,19 @@ def test_a_baseline_that_is_not_cold_fails(capsys, standin):
     server = standin(flush_ignored=True)
     code, report = run_json(capsys, "--server", server.url, *FAST, *IDS, "--workload", "mixed")
     assert code == 1
+    hits = sum(1 for start in report["workloads"]["mixed"]["logprob_start_len"] if start)  # the only ones that can hit
+    assert hits and report["problems"] == [
+        f"mixed baseline: {hits} of 8 requests to {server.url} reported cached tokens right after /flush_cache, so they were not cold"
+    ]
+
+
+def test_null_logprobs_are_not_passed_as_identical(capsys, standin):
+    server = standin(perturb=lambda r: ("null", 1))
+    code, report = run_json(capsys, "--server", server.url, *FAST, *IDS, "--workload", "mixed")
+    assert code == 1 and failures(report, "mixed", "sequential") == []
+    nulls = 3 * report["workloads"]["mixed"]["logprob_start_len"].count(0)  # token 1 is sent from 0 only; 3 answers each
     assert report["problems"] == [
-        f"mixed baseline: 8 of 8 requests to {server.url} reported cached tokens right after /flush_cache, so they were not cold"
+        f"mixed: {nulls} logprobs came back null (NaN or infinite on the server), and nulls compare equal without being checked"
     ]
 
 
@@ -328,7 +374,9 @@ def test_text_and_input_id_bodies_are_what_sglang_generate_accepts(capsys, stand
         for body in server.bodies:
             assert set(body) == {field, "sampling_params", "return_logprob", "logprob_start_len"}
             assert isinstance(body[field], kind) and body[field]
-            assert (body["sampling_params"], body["return_logprob"], body["logprob_start_len"]) == (sampling, True, 0)
+            assert (body["sampling_params"], body["return_logprob"]) == (sampling, True)
+            assert 0 <= body["logprob_start_len"] < len(body[field].split() if field == "text" else body[field])
+        assert {body["logprob_start_len"] > 0 for body in server.bodies} == {True, False}
     assert all(0 <= t < VOCAB for body in ids.bodies for t in body["input_ids"])
     contract = sglang_generate_contract()
     for body in (text.bodies[0], ids.bodies[0]):
@@ -402,6 +450,13 @@ def test_verify_runs_where_sglang_is_not_installed(standin):
     assert "mixed: 2 requests" in result.stdout and result.stdout.endswith("OK: every request identical\n")
 
 
+def test_an_aborted_request_is_one_line_not_a_comparison(capsys, standin):
+    server = standin(perturb=lambda r: ("abort", 0) if r.cached else None)
+    code, out, err = run_verify(capsys, "--server", server.url, *FAST, *IDS, "--workload", "chat")
+    assert (code, out) == (2, "")
+    assert err == f"sglang-chunk-align verify: {server.url}/generate: request aborted: aborted by the test\n"
+
+
 def test_an_unreachable_server_is_one_line_from_the_command(standin):
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -435,29 +490,32 @@ def test_a_bad_argument_exits_2_naming_it(capsys, args, bad):
 
 def test_workloads_cover_the_grid_long_prompts_and_shared_prefixes_per_seed():
     ids = verify.TokenIds(VOCAB)
-    mixed = verify.mixed_workload(verify.random.Random(1), 32, ids)
-    assert mixed == verify.mixed_workload(verify.random.Random(1), 32, ids)
-    assert mixed != verify.mixed_workload(verify.random.Random(2), 32, ids)
-    lengths = [len(turns[0]) for turns in mixed]
+    mixed = verify.mixed_workload(random.Random(1), 32, ids)
+    assert mixed == verify.mixed_workload(random.Random(1), 32, ids)
+    assert mixed != verify.mixed_workload(random.Random(2), 32, ids)
     assert all(len(turns) == 1 for turns in mixed)
+    prompts = [turns[0] for turns in mixed]
+    lengths = [len(p.units) for p in prompts]
     assert min(lengths) <= 32 and max(lengths) > 2048
     around_grid = [n for n in lengths if n % PREFILL_Q_TILE_TOKENS in (PREFILL_Q_TILE_TOKENS - 1, 0, 1) and n > 32]
     assert len(around_grid) >= 8
-    prefixes = {tuple(turns[0][:1000]) for turns in mixed if len(turns[0]) > 1000}
-    assert len(prefixes) < sum(1 for n in lengths if n > 1000)  # some long prompts share their first 1000 tokens
-    chat = verify.chat_workload(verify.random.Random(1), 10, verify.Words())
+    shared = [p for p in prompts if p.shared]
+    assert len(shared) == 8 and all(1000 <= p.shared < len(p.units) for p in shared)
+    assert len({tuple(p.units[: p.shared]) for p in shared}) == 2  # two prefixes, four prompts on each
+    chat = verify.chat_workload(random.Random(1), 10, verify.Words())
     assert [len(turns) for turns in chat] == [4, 4, 2]
-    system = chat[0][0][: verify.SYSTEM_PROMPT_TOKENS]
-    assert all(turns[0][: verify.SYSTEM_PROMPT_TOKENS] == system for turns in chat)
-    assert all(w in verify.WORDS for turns in chat for units in turns for w in units)
+    system = chat[0][0].units[: verify.SYSTEM_PROMPT_TOKENS]
+    assert all(turns[0].units[: turns[0].shared] == system for turns in chat)
+    assert all(turn.shared is None for turns in chat for turn in turns[1:])  # the turn before, as the server counts it
+    assert all(w in verify.WORDS for turns in chat for turn in turns for w in turn.units)
 
 
 def test_first_difference_counts_a_missing_token_as_different():
-    answer = verify.Answer([None, -1.5, -0.25], [(7, -0.5), (8, -0.75)], [7, 8], "", 0)
-    shorter = verify.Answer([None, -1.5, -0.25], [(7, -0.5)], [7], "", 0)
+    answer = verify.Answer([None, -1.5, -0.25], [(7, -0.5), (8, -0.75)], [7, 8], "", 3, 0)
+    shorter = verify.Answer([None, -1.5, -0.25], [(7, -0.5)], [7], "", 3, 0)
     assert verify.first_difference(answer, answer) is None
     assert verify.first_difference(answer, shorter) == ("output", 1)
-    assert verify.first_difference(answer, verify.Answer([None, -1.5], [], [], "", 0)) == ("input", 2)
+    assert verify.first_difference(answer, verify.Answer([None, -1.5], [], [], "", 2, 0)) == ("input", 2)
 
 
 def test_progress_bar_draws_on_a_terminal_only():
