@@ -109,18 +109,26 @@ def add_parser(commands):
     """The `verify` subcommand on cli.py's subparsers; returns it for run()."""
     from .cli import _at_least  # the integer check plan's arguments use; cli is loaded by now
 
-    verifier = commands.add_parser("verify", help="compare a running server's logprobs with solo, cold requests")
+    verifier = commands.add_parser(
+        "verify",
+        help="compare a running server's logprobs with solo, cold requests",
+        description="Send mixed and multi-turn chat workloads to a running SGLang server, sequentially and "
+        "concurrently, and compare each request's input logprobs and greedy tokens bit for bit with the same "
+        "request sent alone after /flush_cache to --reference (or to --server itself).",
+        epilog="Exit status: 0 every request identical; 1 a difference, or a chat pass without radix hits; "
+        "2 a server unreachable or answering badly, or a bad argument.",
+    )
     verifier.add_argument("--server", type=_url, required=True, help="URL of the server under test")
     verifier.add_argument("--reference", type=_url, help="URL of a reference server (chunked prefill off)")
-    verifier.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all")
-    verifier.add_argument("--prompts", type=_at_least(1), default=32, help="requests per workload")
-    verifier.add_argument("--concurrency", type=_at_least(1), default=8, help="requests in flight in the concurrent pass")
+    verifier.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all", help="default all")
+    verifier.add_argument("--prompts", type=_at_least(1), default=32, help="requests per workload (default 32)")
+    verifier.add_argument("--concurrency", type=_at_least(1), default=8, help="requests in flight in the concurrent pass (default 8)")
     verifier.add_argument("--seed", type=int, default=0, help="seed of the workloads")
-    verifier.add_argument("--max-new-tokens", type=_at_least(1), default=8, help="greedy tokens generated per request")
+    verifier.add_argument("--max-new-tokens", type=_at_least(1), default=8, help="greedy tokens generated per request (default 8)")
     verifier.add_argument("--input-ids", action="store_true", help="send token ids (servers with --skip-tokenizer-init)")
-    verifier.add_argument("--vocab-size", type=_at_least(1), help="with --input-ids: ids are drawn below this")
+    verifier.add_argument("--vocab-size", type=_at_least(1), help="with --input-ids: the model's vocab_size; ids are drawn below it")
     verifier.add_argument("--no-radix", action="store_true", help="the server runs without a radix cache: chat need not hit it")
-    verifier.add_argument("--timeout", type=_seconds, default=300, help="seconds each HTTP call may take")
+    verifier.add_argument("--timeout", type=_seconds, default=300, help="seconds each HTTP call may take (default 300)")
     verifier.add_argument("--json", action="store_true", help="print a JSON report")
     return verifier
 
