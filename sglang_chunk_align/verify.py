@@ -381,7 +381,7 @@ def _error_text(reply):
 
 
 def check_workload(name, conversations, server, baseline, prompts, args, progress, problems):
-    """Both passes on the server under test, then each prompt alone and cold, compared request by request."""
+    """Both passes on the server under test, then each request alone and cold, compared request by request."""
     requests = [(c, t) for c, turns in enumerate(conversations) for t in range(len(turns))]
     built = {}  # (conversation, turn) -> Request, fixed by the sequential pass
     answers = {}
@@ -418,28 +418,33 @@ def check_workload(name, conversations, server, baseline, prompts, args, progres
         "passes": {},
     }
     for label, got in answers.items():
-        cached = [got[key].cached_tokens for key in requests]
-        failures = []
-        for number, key in enumerate(requests):
-            difference = first_difference(cold[key], got[key])
-            if difference:
-                where, index = difference
-                failures.append(
-                    {"request": number, "conversation": key[0], "turn": key[1],
-                     "prompt_tokens": cold[key].prompt_tokens, "first_difference": where,
-                     "index": index + built[key].logprob_start_len * (where == "input")}
-                )
-        report["passes"][label] = {
-            "requests": len(requests),
-            "identical": len(requests) - len(failures),
-            "cached_tokens": cached,
-            "cached_tokens_total": sum(cached),
-            "requests_with_hit": sum(1 for c in cached if c),
-            "failures": failures,
-        }
-        if name == "chat" and not args.no_radix and not any(cached):
+        report["passes"][label] = result = compare_pass(requests, built, cold, got)
+        if name == "chat" and not args.no_radix and not result["requests_with_hit"]:
             problems.append(f"{name} {label}: the radix cache was never hit on {server.url}: {RADIX_HINT}")
     return report
+
+
+def compare_pass(requests, built, cold, got):
+    """One pass's report: its answers against the cold ones, request by request, and its cache hits."""
+    cached = [got[key].cached_tokens for key in requests]
+    failures = []
+    for number, key in enumerate(requests):
+        difference = first_difference(cold[key], got[key])
+        if difference:
+            where, index = difference
+            failures.append(
+                {"request": number, "conversation": key[0], "turn": key[1],
+                 "prompt_tokens": cold[key].prompt_tokens, "first_difference": where,
+                 "index": index + built[key].logprob_start_len * (where == "input")}
+            )
+    return {
+        "requests": len(requests),
+        "identical": len(requests) - len(failures),
+        "cached_tokens": cached,
+        "cached_tokens_total": sum(cached),
+        "requests_with_hit": sum(1 for c in cached if c),
+        "failures": failures,
+    }
 
 
 def _nulls(answer):

@@ -2,12 +2,15 @@
 
 The stand-in models what verify relies on in a server: logprobs and greedy
 tokens that are a pure function of the token ids, a prefix cache that reports
-`cached_tokens`, /flush_cache refusing while busy, and SGLang's reply shapes
-(`output_ids`; `text` only with a tokenizer). Faults are switched on per test:
-one input or output logprob moved by one ULP, or one generated token changed,
-when a request overlaps another, hits the cache or is long; no cache hits; a
-flush that keeps the cache; a dropped connection; a slow answer. Each fault
-must make verify fail and name the token. Only the remote API is stood in for;
+`cached_tokens` and, as SGLang does, serves a request only up to its
+`logprob_start_len`, input logprobs from there on (the first null),
+/flush_cache refusing while busy, and SGLang's reply shapes (`output_ids`;
+`text` only with a tokenizer). Faults are switched on per test: wrong KV from
+one token on (every later logprob moved by one ULP), one output logprob moved
+or one generated token changed, when a request overlaps another, hits the
+cache or is long; null logprobs; aborts; no cache hits; a flush that keeps the
+cache; a dropped connection; a slow answer. Each fault must make verify fail
+and name the first token it can see. Only the remote API is stood in for;
 nothing of SGLang itself is faked (the bodies are checked with SGLang's own
 /generate contract where it is installed).
 """
