@@ -339,6 +339,7 @@ def test_chat_without_radix_hits_fails_unless_radix_is_said_to_be_off(capsys, st
     assert "mixed" not in "".join(line for line in out.splitlines() if line.startswith("FAILED"))
     assert run_verify(capsys, "--server", server.url, *FAST, *IDS, "--no-radix")[0] == 0
     assert run_verify(capsys, "--server", server.url, *FAST, *IDS, "--workload", "mixed")[0] == 0
+    assert run_verify(capsys, "--server", server.url, *IDS, "--prompts", "1", "--workload", "chat")[0] == 0  # nothing to hit
 
 
 def test_a_baseline_that_is_not_cold_fails(capsys, standin):
@@ -364,6 +365,7 @@ def test_null_logprobs_are_not_passed_as_identical(capsys, standin):
 def test_a_busy_flush_is_retried(capsys, standin):
     server = standin(busy_flushes=2)
     assert run_verify(capsys, "--server", server.url, *FAST, *IDS, "--workload", "mixed")[0] == 0
+    assert run_verify(capsys, "--server", server.url, *IDS, "--prompts", "1", "--workload", "chat")[0] == 0  # nothing to hit
     assert server.busy_flushes == 0
 
 
