@@ -42,6 +42,12 @@ then fixed. The baseline sends each prompt alone after a /flush_cache: to
 checked), or without one to --server itself, which checks concurrency and
 cache hits but not chunked vs unchunked (the report says so).
 
+With --baseline-cache FILE the cold answers are recorded, and later runs
+against the same baseline reuse them: many servers (chunk sizes, page sizes,
+radix on and off) are checked against one reference, in parallel, while the
+reference still answers each request alone (the file's lock makes the runs
+take turns there).
+
 A chat pass on the server under test that never hits the radix cache checks
 no radix hit, so it fails, unless --no-radix says the server runs with the
 radix cache off (stock SGLang under deterministic flashinfer; the plugin keeps
@@ -71,9 +77,12 @@ prompt (input) or among the generated tokens (output).
 """
 
 import argparse
+import fcntl
+import hashlib
 import http.client
 import json
 import math
+import os
 import random
 import sys
 import threading
@@ -82,7 +91,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from .alignment import PREFILL_Q_TILE_TOKENS
 
@@ -128,6 +137,11 @@ def add_parser(commands):
     verifier.add_argument("--input-ids", action="store_true", help="send token ids (servers with --skip-tokenizer-init)")
     verifier.add_argument("--vocab-size", type=_at_least(1), help="with --input-ids: the model's vocab_size; ids are drawn below it")
     verifier.add_argument("--no-radix", action="store_true", help="the server runs without a radix cache: chat need not hit it")
+    verifier.add_argument(
+        "--baseline-cache", metavar="FILE",
+        help="reuse cold answers recorded in FILE (JSON) by earlier runs against the same baseline server, "
+        "and record new ones there; runs in parallel take turns at the baseline",
+    )
     verifier.add_argument("--timeout", type=_seconds, default=300, help="seconds each HTTP call may take (default 300)")
     verifier.add_argument("--json", action="store_true", help="print a JSON report")
     return verifier
@@ -390,11 +404,15 @@ def check_workload(name, conversations, server, baseline, prompts, args, progres
         server.flush()
         answers[label] = run_pass(server, conversations, built, prompts, args, concurrency, progress)
     progress.start(f"{name} baseline ({'reference' if args.reference else 'server'}, cold)", len(requests))
-    cold = {}
-    for key in requests:
-        baseline.flush()
-        cold[key] = baseline.generate(prompts.field, built[key], args.max_new_tokens)
-        progress.advance()
+    with BaselineCache(args.baseline_cache) as recorded:
+        cold = {}
+        for key in requests:
+            cold[key] = recorded.get(prompts.field, built[key], args.max_new_tokens)
+            if cold[key] is None:
+                baseline.flush()
+                cold[key] = baseline.generate(prompts.field, built[key], args.max_new_tokens)
+                recorded.put(prompts.field, built[key], args.max_new_tokens, cold[key])
+            progress.advance()
     progress.clear()
 
     nulls = sum(_nulls(answer) for got in (cold, *answers.values()) for answer in got.values())
@@ -423,6 +441,60 @@ def check_workload(name, conversations, server, baseline, prompts, args, progres
         if name == "chat" and not args.no_radix and len(requests) > 1 and not result["requests_with_hit"]:
             problems.append(f"{name} {label}: the radix cache was never hit on {server.url}: {RADIX_HINT}")
     return report
+
+
+class BaselineCache:
+    """Cold answers recorded by request (--baseline-cache), so that many servers can be checked
+    against one reference without asking it the same prompts again.
+
+    A server under test that answers as the reference does builds the same chat
+    prompts, so its requests are found; any other request goes to the baseline
+    server and is recorded. The file is locked (flock on FILE.lock) from reading
+    to writing back, so runs in parallel ask the baseline server one at a time,
+    and each request there still runs alone. Without a file, nothing is recorded.
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self.answers = {}
+
+    def __enter__(self):
+        if self.path:
+            self.lock = open(self.path + ".lock", "w")
+            fcntl.flock(self.lock, fcntl.LOCK_EX)
+            try:
+                with open(self.path) as file:
+                    self.answers = json.load(file)
+            except FileNotFoundError:
+                pass
+            except ValueError as error:
+                self._unlock()
+                raise ServerError(f"--baseline-cache {self.path}: not a file verify wrote ({error})") from None
+        return self
+
+    def __exit__(self, *exc):
+        if self.path:
+            with open(self.path + ".tmp", "w") as file:
+                json.dump(self.answers, file)
+            os.replace(self.path + ".tmp", self.path)
+            self._unlock()
+
+    def _unlock(self):
+        fcntl.flock(self.lock, fcntl.LOCK_UN)
+        self.lock.close()
+
+    @staticmethod
+    def _key(field, request, max_new_tokens):
+        text = json.dumps([field, request.prompt, request.logprob_start_len, max_new_tokens])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def get(self, field, request, max_new_tokens):
+        found = self.answers.get(self._key(field, request, max_new_tokens))
+        return None if found is None else Answer(**{**found, "output": [tuple(pair) for pair in found["output"]]})
+
+    def put(self, field, request, max_new_tokens, answer):
+        if self.path:
+            self.answers[self._key(field, request, max_new_tokens)] = asdict(answer)
 
 
 def compare_pass(requests, built, cold, got):

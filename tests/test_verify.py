@@ -534,3 +534,23 @@ def test_progress_bar_draws_on_a_terminal_only():
     quiet = io.StringIO()
     verify.Progress(enabled=False, stream=quiet).start("mixed", 4)
     assert quiet.getvalue() == ""
+
+
+def test_a_baseline_cache_is_reused_and_a_wrong_server_is_still_caught(capsys, standin, tmp_path):
+    """--baseline-cache: answers recorded against the reference serve later runs, which then send it
+    nothing; a request the cache lacks (a wrong server builds other chat prompts) goes to it."""
+    cache = str(tmp_path / "baseline.json")
+    reference = standin()
+    args = ("--reference", reference.url, "--baseline-cache", cache, *FAST, *IDS)
+    assert run_json(capsys, "--server", standin().url, *args)[0] == 0
+    asked = len(reference.bodies)
+    assert asked > 0
+    code, again = run_json(capsys, "--server", standin().url, *args)
+    assert code == 0 and len(reference.bodies) == asked  # every cold answer came from the file
+    wrong = standin(perturb=lambda r: ("output_id", 0) if len(r.tokens) > 300 else None)
+    code, report = run_json(capsys, "--server", wrong.url, *args)
+    assert code == 1 and failures(report, "mixed", "sequential")
+    assert len(reference.bodies) > asked  # the chat turns after a wrong answer were not in the file
+    (tmp_path / "baseline.json").write_text("not json")
+    code, out, err = run_verify(capsys, "--server", standin().url, *args)
+    assert code == 2 and err.count("\n") == 1 and "--baseline-cache" in err
