@@ -1,0 +1,416 @@
+"""The plugin inside real SGLang servers on a GPU: bit-exactness per configuration, the startup
+refusals, and what serving costs.
+
+Every other figure in this repository comes from SGLang's scheduler driven on
+CPU and batches replayed through fa2 by our own code. This script starts real
+servers (`sglang serve`, or `python -m sglang.launch_server` on releases
+without it) with SGLANG_PLUGINS=chunk_align, so what runs is SGLang's own
+forward path: load_plugins() in every process, the live FlashInferAttnBackend,
+CUDA graphs for decode, the overlap scheduler and the radix tree. Run it on
+your own model, or on dummy weights from a folder holding only a model's
+config.json (benchmarks/models/):
+
+    python benchmarks/real_server.py --model-path Qwen/Qwen3-8B --out real_server.json
+    python benchmarks/real_server.py --model-path benchmarks/models/qwen3-8b --dummy --out real_server.json
+
+Phases (--phases, all by default):
+
+- matrix: a stock, unchunked reference server per page size (radix off, each
+  prompt answered alone and cold), then the plugin at every --chunks x
+  --pages x radix off/on, --parallel servers at a time on the one GPU, each
+  checked with `sglang-chunk-align verify` against its reference. The
+  reference's cold answers are recorded once (verify --baseline-cache), so the
+  servers share it without ever batching with each other there;
+- refusals: the plugin refusing chunks 100 and 200 at startup, and stock
+  SGLang (no plugin) refusing 256;
+- rules-off: in the matrix, SGLANG_CHUNK_ALIGN_RULES=0 (upstream's length
+  alignment alone) at chunk 256, checked the same way and reported as it is;
+- cost: the same streamed serving workload (decoding requests while long
+  prompts arrive) on the plugin at 256, the rules off at 256 and stock at
+  4096, one server at a time: total time, time to first token p50/p99 and
+  inter-token latency p99 (the decode stall a long prefill chunk causes).
+
+The JSON (--out) holds every server's command, its plugin startup line, the
+verify report, and the versions of the stack; it is rewritten after each
+server, so a run cut short keeps what it did.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from importlib import metadata
+
+READY_TIMEOUT_S = 420
+PLUGIN_LINE = re.compile(r"sglang-chunk-align[^\n]*")
+# What each refusal must say (the plugin's chunk_size_error, stock's check_truncation_align_fits_chunk).
+REFUSALS = (
+    ("plugin refuses chunk 100", {"SGLANG_PLUGINS": "chunk_align"}, 100, "Chunked prefill is aligned to"),
+    ("plugin refuses chunk 200", {"SGLANG_PLUGINS": "chunk_align"}, 200, "not a multiple of"),
+    ("stock refuses chunk 256", {}, 256, "Chunked prefill is aligned to 4096 tokens"),
+)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--dummy", action="store_true", help="--load-format dummy --skip-tokenizer-init (config.json only)")
+    parser.add_argument("--phases", default="matrix,refusals,rules-off,cost")
+    parser.add_argument("--chunks", default="128,256,1024")
+    parser.add_argument("--pages", default="1,16")
+    parser.add_argument("--radix", default="off,on")
+    parser.add_argument("--prompts", type=int, default=32, help="verify --prompts (requests per workload)")
+    parser.add_argument("--parallel", type=int, default=3, help="plugin servers at a time in the matrix")
+    parser.add_argument("--mem-fraction-static", type=float, default=0.14, help="per server (several share the GPU)")
+    parser.add_argument("--port", type=int, default=31000, help="first port; each server takes the next")
+    parser.add_argument("--deadline-s", type=float, default=3600, help="start no new server after this many seconds")
+    parser.add_argument("--logs", default=None, help="folder for server logs (default: a temporary one)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more server arguments")
+    args = parser.parse_args(argv)
+    run = Run(args)
+    try:
+        for phase in args.phases.split(","):
+            PHASES[phase](run)
+    finally:
+        run.stop()
+        run.save()
+    print(json.dumps(run.summary(), indent=2))
+    return 0 if run.all_identical() else 1
+
+
+class Run:
+    """The servers of one run, their ports, logs and results; the JSON is rewritten after each."""
+
+    def __init__(self, args):
+        self.args = args
+        self.started = time.monotonic()
+        self.next_port = args.port
+        self.logs = args.logs or tempfile.mkdtemp(prefix="real_server_")
+        os.makedirs(self.logs, exist_ok=True)
+        self.config = _model_config(args.model_path)
+        self.results = {"stack": stack(), "model": self.config, "servers": [], "cost": []}
+        self.lock = threading.Lock()
+        self.references = {}  # page size -> (reference Server, its baseline cache file)
+
+    def reference(self, page):
+        """A stock, unchunked server with the radix cache off for `page`, started once, and the file
+        of its cold answers (recorded by verifying it against itself)."""
+        with self.lock:
+            if page in self.references:
+                return self.references[page]
+        server = Server(self, f"reference-page{page}", -1, page, extra=["--disable-radix-cache"])
+        if not server.wait_ready():
+            self.record({**server.describe(), "ok": False, "error": server.log()[-3000:]})
+            raise SystemExit(f"the reference server for page {page} did not start: see {server.log_path}")
+        cache = os.path.join(self.logs, f"baseline-page{page}.json")
+        entry = verify(self, server, server, cache, radix=False)
+        self.record({**entry, "role": "reference: stock, unchunked, radix off, checked against itself"})
+        self.references[page] = server, cache
+        return server, cache
+
+    def stop(self):
+        for server, _ in self.references.values():
+            server.stop()
+
+    def time_left(self):
+        return self.args.deadline_s - (time.monotonic() - self.started)
+
+    def port(self):
+        with self.lock:
+            self.next_port += 1
+            return self.next_port
+
+    def record(self, entry, key="servers"):
+        with self.lock:
+            self.results[key].append(entry)
+            self.save()
+
+    def save(self):
+        with open(self.args.out + ".tmp", "w") as file:
+            json.dump(self.results, file, indent=1)
+        os.replace(self.args.out + ".tmp", self.args.out)
+
+    def summary(self):
+        rows = [_row(entry) for entry in self.results["servers"]]
+        return {"stack": self.results["stack"], "servers": rows, "cost": self.results["cost"]}
+
+    def all_identical(self):
+        return all(e.get("expect_identical") is False or e.get("ok", True) for e in self.results["servers"])
+
+
+class Server:
+    """One SGLang server process group, its log, and whether it came up."""
+
+    def __init__(self, run, name, chunk, page, env=(), extra=()):
+        self.run, self.name, self.port = run, name, run.port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = launcher() + [
+            "--model-path", run.args.model_path, "--host", "127.0.0.1", "--port", str(self.port),
+            "--attention-backend", "flashinfer", "--enable-deterministic-inference",
+            "--chunked-prefill-size", str(chunk), "--page-size", str(page),
+            "--mem-fraction-static", str(run.args.mem_fraction_static), "--cuda-graph-max-bs", "8",
+            *(["--load-format", "dummy", "--skip-tokenizer-init"] if run.args.dummy else []),
+            *extra, *[a for a in run.args.extra if a != "--"],
+        ]
+        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **dict(env)}
+        self.log_path = os.path.join(run.logs, f"{name}.log")
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def wait_ready(self, timeout=READY_TIMEOUT_S):
+        """True once /health answers 200; False if the process exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return True
+            except OSError:
+                pass
+            time.sleep(1)
+        return False
+
+    def log(self):
+        with open(self.log_path, errors="replace") as file:
+            return file.read()
+
+    def plugin_lines(self):
+        return sorted(set(PLUGIN_LINE.findall(self.log())))
+
+    def stop(self):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+    def describe(self):
+        return {"name": self.name, "command": " ".join(self.command),
+                "env": {k: v for k, v in self.env.items() if k.startswith(("SGLANG_PLUGINS", "SGLANG_CHUNK_ALIGN"))},
+                "plugin_lines": self.plugin_lines()}
+
+
+def launcher():
+    """`sglang serve` where this release has it (0.5.23 recommends it), else launch_server."""
+    try:
+        import sglang.cli.serve  # noqa: F401
+    except ImportError:
+        return [sys.executable, "-m", "sglang.launch_server"]
+    return [sys.executable, "-c", "import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; main()", "serve"]
+
+
+def verify(run, server, reference, cache, radix, expect_identical=True):
+    """`sglang-chunk-align verify --json` of `server` against `reference`, with the shared baseline cache."""
+    command = [
+        sys.executable, "-m", "sglang_chunk_align.cli", "verify", "--server", server.url, "--json",
+        "--prompts", str(run.args.prompts), "--baseline-cache", cache,
+        *(["--reference", reference.url] if reference is not server else []),
+        *(["--input-ids", "--vocab-size", str(run.config["vocab_size"])] if run.args.dummy else []),
+        *([] if radix else ["--no-radix"]),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    try:
+        report = json.loads(done.stdout)
+    except ValueError:
+        report = {"ok": False, "problems": [f"verify exited {done.returncode}: {done.stderr.strip()[-500:]}"]}
+    return {**server.describe(), "verify_command": " ".join(command), "verify_exit": done.returncode,
+            "ok": report.get("ok"), "expect_identical": expect_identical, "verify": report}
+
+
+def phase_matrix(run):
+    """The plugin at every chunk x page x radix (and the rules off at 256, if asked), --parallel at a time."""
+    pages = [int(p) for p in run.args.pages.split(",")]
+    configs = [
+        (chunk, page, radix, True)
+        for page in pages
+        for radix in run.args.radix.split(",")
+        for chunk in (int(c) for c in run.args.chunks.split(","))
+    ]
+    if "rules-off" in run.args.phases.split(","):
+        configs.append((256, pages[0], "off", False))
+    for page in pages:
+        run.reference(page)
+    for wave in range(0, len(configs), run.args.parallel):
+        if run.time_left() < 60:
+            run.record({"name": "matrix cut short", "ok": None, "expect_identical": False,
+                        "skipped": [list(c) for c in configs[wave:]]})
+            break
+        threads = [threading.Thread(target=_check_plugin, args=(run, *config))
+                   for config in configs[wave:wave + run.args.parallel]]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+
+def _check_plugin(run, chunk, page, radix, rules):
+    reference, cache = run.reference(page)
+    env = {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_RADIX_CACHE": "1" if radix == "on" else "0",
+           "SGLANG_CHUNK_ALIGN_RULES": "1" if rules else "0"}
+    name = f"plugin-chunk{chunk}-page{page}-radix{radix}" + ("" if rules else "-rules0")
+    server = Server(run, name, chunk, page, env, extra=[] if radix == "on" else ["--disable-radix-cache"])
+    try:
+        if not server.wait_ready():
+            run.record({**server.describe(), "ok": False, "error": server.log()[-3000:]})
+            return
+        entry = verify(run, server, reference, cache, radix == "on", expect_identical=rules)
+        run.record({**entry, "chunk": chunk, "page": page, "radix": radix, "rules": rules})
+    finally:
+        server.stop()
+
+
+def phase_refusals(run):
+    servers = [(name, text, Server(run, name.replace(" ", "-"), chunk, 1, env))
+               for name, env, chunk, text in REFUSALS]
+    for name, text, server in servers:
+        came_up = server.wait_ready()
+        server.stop()
+        log = server.log()
+        said = [line for line in log.splitlines() if text in line]
+        run.record({**server.describe(), "refusal": name, "expected": text, "started": came_up,
+                    "ok": not came_up and bool(said), "said": said[-1:] })
+
+
+# Streamed serving workload for the cost phase: requests that decode while long prompts arrive.
+DECODERS, DECODER_PROMPT, DECODER_TOKENS = 8, 256, 192
+LONG_PROMPTS, LONG_PROMPT, LONG_TOKENS, LONG_EVERY_S = 6, 6144, 8, 0.4
+
+
+def phase_cost(run):
+    setups = (
+        ("plugin, chunk 256", 256, {"SGLANG_PLUGINS": "chunk_align"}),
+        ("rules off (length alignment), chunk 256", 256, {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_RULES": "0"}),
+        ("stock, chunk 4096", 4096, {}),
+    )
+    for label, chunk, env in setups:
+        if run.time_left() < 60:
+            break
+        server = Server(run, "cost-" + re.sub(r"\W+", "-", label), chunk, 1, env, extra=["--disable-radix-cache"])
+        try:
+            if not server.wait_ready():
+                run.record({"setup": label, "error": server.log()[-3000:]}, "cost")
+                continue
+            serve_workload(run, server, seed=1)  # warm-up: the same shapes once, not measured
+            run.record({"setup": label, "chunk": chunk, **serve_workload(run, server, seed=0),
+                        "plugin_lines": server.plugin_lines()}, "cost")
+        finally:
+            server.stop()
+    base = next((c for c in run.results["cost"] if c.get("chunk") == 4096), None)
+    for entry in run.results["cost"]:
+        if base and "total_s" in entry:
+            entry["ratios_to_stock_4096"] = {k: round(entry[k] / base[k], 3) for k in ("total_s", "ttft_p50_s", "ttft_p99_s", "itl_p99_s")}
+    run.save()
+
+
+def serve_workload(run, server, seed):
+    """DECODERS requests decode from t=0; LONG_PROMPTS long prompts arrive every LONG_EVERY_S."""
+    vocab = run.config.get("vocab_size", 32000)
+    plan = [(0.0, DECODER_PROMPT, DECODER_TOKENS, "decode") for _ in range(DECODERS)]
+    plan += [(0.5 + i * LONG_EVERY_S, LONG_PROMPT, LONG_TOKENS, "long") for i in range(LONG_PROMPTS)]
+    results = [None] * len(plan)
+    start = time.monotonic()
+
+    def send(i, at, length, tokens):
+        time.sleep(max(0.0, start + at - time.monotonic()))
+        ids_rng = random.Random(f"{seed}:{i}")
+        ids = [ids_rng.randrange(vocab) for _ in range(length)]
+        results[i] = stream(server.url, ids, tokens, run.args.dummy)
+
+    threads = [threading.Thread(target=send, args=(i, at, length, tokens)) for i, (at, length, tokens, _) in enumerate(plan)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    total = time.monotonic() - start
+    ttft = sorted(r["ttft"] for r in results)
+    gaps = sorted(g for r, p in zip(results, plan) if p[3] == "decode" for g in r["gaps"])
+    return {"requests": len(plan), "total_s": round(total, 3),
+            "ttft_p50_s": round(statistics.median(ttft), 4), "ttft_p99_s": round(_percentile(ttft, 99), 4),
+            "itl_p99_s": round(_percentile(gaps, 99), 4), "itl_max_s": round(gaps[-1], 4),
+            "workload": f"{DECODERS} requests of {DECODER_PROMPT} tokens decoding {DECODER_TOKENS}; "
+                        f"{LONG_PROMPTS} prompts of {LONG_PROMPT} tokens arriving every {LONG_EVERY_S} s from 0.5 s"}
+
+
+def stream(url, input_ids, max_new_tokens, ids):
+    """One streamed /generate: time to the first token, and the gaps between later tokens."""
+    body = {"sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}, "stream": True}
+    body["input_ids" if ids else "text"] = input_ids if ids else " ".join(f"t{i}" for i in input_ids)
+    host, port = url.split("//")[1].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=600)
+    sent = time.monotonic()
+    connection.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    times, seen = [], 0
+    for line in response:
+        if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+            continue
+        tokens = json.loads(line[5:])["meta_info"]["completion_tokens"]
+        now = time.monotonic()
+        times += [now] * (tokens - seen)
+        seen = tokens
+    connection.close()
+    return {"ttft": times[0] - sent, "gaps": [b - a for a, b in zip(times, times[1:]) if b > a]}
+
+
+def _percentile(values, q):
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
+
+
+def _row(entry):
+    """One line of the summary table per server."""
+    report = entry.get("verify") or {}
+    passes = {f"{w}/{p}": f"{r['identical']}/{r['requests']} identical, cached {r['cached_tokens_total']}"
+              for w, workload in report.get("workloads", {}).items() for p, r in workload["passes"].items()}
+    return {"name": entry.get("name"), "ok": entry.get("ok"), **passes,
+            **({"problems": report["problems"]} if report.get("problems") else {}),
+            **({"said": entry["said"]} if "said" in entry else {})}
+
+
+def _model_config(path):
+    config_file = os.path.join(path, "config.json")
+    if not os.path.exists(config_file):
+        return {"model_path": path}
+    with open(config_file) as file:
+        config = json.load(file)
+    keep = ("architectures", "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers", "vocab_size")
+    return {"model_path": path, **{k: config.get(k) for k in keep}}
+
+
+def stack():
+    """What ran: the packages, the GPU and its driver."""
+    versions = {}
+    for dist in ("sglang", "sglang-kernel", "flashinfer-python", "torch", "sglang-chunk-align", "transformers"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except OSError:
+        gpu = None
+    return {**versions, "python": platform.python_version(), "gpu": gpu}
+
+
+PHASES = {"matrix": phase_matrix, "refusals": phase_refusals, "rules-off": lambda run: None, "cost": phase_cost}  # rules-off runs in the matrix
+
+if __name__ == "__main__":
+    sys.exit(main())
