@@ -53,12 +53,14 @@ import urllib.request
 from importlib import metadata
 
 READY_TIMEOUT_S = 420
+# SGLang loads every installed plugin while SGLANG_PLUGINS is unset: stock SGLang names none of them.
+STOCK = {"SGLANG_PLUGINS": "none"}
 PLUGIN_LINE = re.compile(r"sglang-chunk-align[^\n]*")
 # What each refusal must say (the plugin's chunk_size_error, stock's check_truncation_align_fits_chunk).
 REFUSALS = (
-    ("plugin refuses chunk 100", {"SGLANG_PLUGINS": "chunk_align"}, 100, "Chunked prefill is aligned to"),
+    ("plugin refuses chunk 100", {"SGLANG_PLUGINS": "chunk_align"}, 100, "Chunked prefill is aligned to 128 tokens"),
     ("plugin refuses chunk 200", {"SGLANG_PLUGINS": "chunk_align"}, 200, "not a multiple of"),
-    ("stock refuses chunk 256", {}, 256, "Chunked prefill is aligned to 4096 tokens"),
+    ("stock refuses chunk 256", STOCK, 256, "Chunked prefill is aligned to 4096 tokens"),
 )
 
 
@@ -72,7 +74,10 @@ def main(argv=None):
     parser.add_argument("--radix", default="off,on")
     parser.add_argument("--prompts", type=int, default=32, help="verify --prompts (requests per workload)")
     parser.add_argument("--parallel", type=int, default=3, help="plugin servers at a time in the matrix")
-    parser.add_argument("--mem-fraction-static", type=float, default=0.14, help="per server (several share the GPU)")
+    parser.add_argument("--mem-fraction-static", type=float, default=0.8,
+                        help="per server; SGLang 0.5.23 counts the memory other servers hold against it")
+    parser.add_argument("--max-total-tokens", type=int, default=65536,
+                        help="each server's KV pool, fixed so that servers sharing the GPU leave each other room")
     parser.add_argument("--port", type=int, default=31000, help="first port; each server takes the next")
     parser.add_argument("--deadline-s", type=float, default=3600, help="start no new server after this many seconds")
     parser.add_argument("--logs", default=None, help="folder for server logs (default: a temporary one)")
@@ -110,7 +115,7 @@ class Run:
         with self.lock:
             if page in self.references:
                 return self.references[page]
-        server = Server(self, f"reference-page{page}", -1, page, extra=["--disable-radix-cache"])
+        server = Server(self, f"reference-page{page}", -1, page, STOCK, extra=["--disable-radix-cache"])
         if not server.wait_ready():
             self.record({**server.describe(), "ok": False, "error": server.log()[-3000:]})
             raise SystemExit(f"the reference server for page {page} did not start: see {server.log_path}")
@@ -160,7 +165,8 @@ class Server:
             "--model-path", run.args.model_path, "--host", "127.0.0.1", "--port", str(self.port),
             "--attention-backend", "flashinfer", "--enable-deterministic-inference",
             "--chunked-prefill-size", str(chunk), "--page-size", str(page),
-            "--mem-fraction-static", str(run.args.mem_fraction_static), "--cuda-graph-max-bs", "8",
+            "--mem-fraction-static", str(run.args.mem_fraction_static),
+            "--max-total-tokens", str(run.args.max_total_tokens), decode_graph_flag(), "8",
             *(["--load-format", "dummy", "--skip-tokenizer-init"] if run.args.dummy else []),
             *extra, *[a for a in run.args.extra if a != "--"],
         ]
@@ -206,6 +212,19 @@ class Server:
         return {"name": self.name, "command": " ".join(self.command),
                 "env": {k: v for k, v in self.env.items() if k.startswith(("SGLANG_PLUGINS", "SGLANG_CHUNK_ALIGN"))},
                 "plugin_lines": self.plugin_lines()}
+
+
+def decode_graph_flag():
+    """The largest decode batch with a CUDA graph (a short capture): 0.5.23 split the old
+    --cuda-graph-max-bs into decode and prefill flags and refuses it as ambiguous."""
+    from importlib import util
+
+    try:
+        fields = util.find_spec("sglang.srt.arg_groups.fields.exec_")
+    except ModuleNotFoundError:  # releases before the argument groups
+        fields = None
+    split = fields is not None and "cuda_graph_max_bs_decode" in open(fields.origin).read()
+    return "--cuda-graph-max-bs-decode" if split else "--cuda-graph-max-bs"
 
 
 def launcher():
@@ -298,7 +317,7 @@ def phase_cost(run):
     setups = (
         ("plugin, chunk 256", 256, {"SGLANG_PLUGINS": "chunk_align"}),
         ("rules off (length alignment), chunk 256", 256, {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_RULES": "0"}),
-        ("stock, chunk 4096", 4096, {}),
+        ("stock, chunk 4096", 4096, STOCK),
     )
     for label, chunk, env in setups:
         if run.time_left() < 60:
