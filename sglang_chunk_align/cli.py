@@ -17,7 +17,7 @@ import pkgutil
 import sys
 from importlib import metadata
 
-from . import patches, prefill_hooks, releases, standins
+from . import patches, prefill_hooks, probe, releases, standins
 from .planning import Rules, plan
 from .alignment import PREFILL_Q_TILE_TOKENS, chunk_size_error
 from .compat import (
@@ -59,9 +59,13 @@ def main(argv=None):
     planner.add_argument("--group", type=_at_least(1), default=1, help="GQA group (q heads per KV head)")
     planner.add_argument("--head-dim", type=_at_least(1), help="model head_dim (below 256 exempts very short KV)")
     planner.add_argument("--json", action="store_true", help="print JSON")
+    prober = commands.add_parser("probe", help="measure the installed flashinfer's fa2 kernel facts on this GPU")
+    probe.add_arguments(prober)
     args = parser.parse_args(argv)
     if args.command == "plan":
         return run_plan(planner, args)
+    if args.command == "probe":
+        return probe.main(args)
     with contextlib.redirect_stdout(sys.stderr):  # some SGLang modules print on import
         report = run_doctor()
     print(json.dumps(report, indent=2) if args.json else format_doctor(report))
