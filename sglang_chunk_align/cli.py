@@ -19,7 +19,8 @@ from importlib import metadata
 
 from . import patches, prefill_hooks, probe, releases, standins
 from .planning import Rules, plan
-from .alignment import PREFILL_Q_TILE_TOKENS, chunk_size_error
+from .alignment import chunk_size_error
+from .kernel_facts import facts_for, installed_facts, installed_flashinfer
 from .compat import (
     RADIX_OPT_IN_NEEDS,
     RULES_ENV,
@@ -55,9 +56,12 @@ def main(argv=None):
     planner = commands.add_parser("plan", help="show one request's chunks, upstream and with the plugin")
     planner.add_argument("--prompt-len", type=_at_least(1), required=True, help="prompt length in tokens")
     planner.add_argument("--cached", type=_at_least(0), default=0, help="radix-cache hit length in tokens")
-    planner.add_argument("--chunk", type=_chunk_size, required=True, help="per-rank --chunked-prefill-size")
+    planner.add_argument("--chunk", type=_at_least(1), required=True, help="per-rank --chunked-prefill-size")
     planner.add_argument("--group", type=_at_least(1), default=1, help="GQA group (q heads per KV head)")
     planner.add_argument("--head-dim", type=_at_least(1), help="model head_dim (below 256 exempts very short KV)")
+    planner.add_argument(
+        "--flashinfer", metavar="VERSION", help="the flashinfer release whose kernel facts to plan with (default: the installed one)"
+    )
     planner.add_argument("--json", action="store_true", help="print JSON")
     prober = commands.add_parser("probe", help="measure the installed flashinfer's fa2 kernel facts on this GPU")
     probe.add_arguments(prober)
@@ -87,15 +91,6 @@ def _at_least(lowest):
     return parse
 
 
-def _chunk_size(text):
-    """An argparse type: a chunk the scheduler would accept, refused with the scheduler's own message."""
-    chunk = _at_least(1)(text)
-    error = chunk_size_error(chunk, align=PREFILL_Q_TILE_TOKENS, q_tile=PREFILL_Q_TILE_TOKENS)
-    if error:
-        raise argparse.ArgumentTypeError(error)
-    return chunk
-
-
 def run_plan(planner, args):
     """Chunks of one request prefilled alone: SGLang's length alignment vs the plugin's rules."""
     if args.cached >= args.prompt_len:
@@ -103,7 +98,14 @@ def run_plan(planner, args):
             f"--cached {args.cached} must be below --prompt-len {args.prompt_len}: "
             "SGLang always prefills at least the last prompt token"
         )
-    rules = Rules(group=args.group, head_dim=args.head_dim)
+    facts, warning = facts_for(args.flashinfer or installed_flashinfer())
+    if warning:
+        print(f"WARNING: {warning}", file=sys.stderr)
+    rules = Rules(group=args.group, head_dim=args.head_dim, facts=facts)
+    # The chunk sizes the scheduler accepts, refused with its own message.
+    error = chunk_size_error(args.chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail)
+    if error:
+        planner.error(f"argument --chunk: {error}")
     schedules = {
         "upstream length alignment": plan(args.prompt_len, args.cached, args.chunk, rules, aligned=False),
         "sglang-chunk-align": plan(args.prompt_len, args.cached, args.chunk, rules),
@@ -111,6 +113,7 @@ def run_plan(planner, args):
     if args.json:
         print(json.dumps({name: [vars(c) for c in chunks] for name, chunks in schedules.items()}, indent=2))
     else:
+        print(facts.describe())
         for name, chunks in schedules.items():
             hazards = sum(bool(c.hazards) for c in chunks)
             print(f"{name}: {len(chunks)} chunk{'s' * (len(chunks) != 1)}, {hazards} with hazards")
@@ -127,6 +130,7 @@ def run_doctor():
         "switches": {},
         "grid_rules": None,
         "grid": None,
+        "kernel_facts": None,
         "problems": [],
         "warnings": [RAY_WARNING] if importlib.util.find_spec("ray") else [],
         "patch_points": [],
@@ -140,6 +144,10 @@ def run_doctor():
         patches.apply(now=True)  # every point, imported by SGLang yet or not
     except ChunkAlignError as error:
         report["problems"].append(str(error))
+    facts = installed_facts()
+    report["kernel_facts"] = {"flashinfer": facts.flashinfer, "measured": facts.measured, "summary": facts.describe()}
+    if not facts.measured:
+        report["warnings"].append(facts_for(installed_flashinfer())[1])
     if version is not None:  # without SGLang the patch points mean nothing
         _check_release(report, version)
     report["ok"] = not report["problems"]
@@ -173,8 +181,11 @@ def _check_release(report, version):
         report["grid"] = None if rules_off else GRID_SOURCE
     if applied:
         report["backends"] = declared_alignments()
-        if report["backends"].get("FlashInferAttnBackend") != 128:
-            report["problems"].append("FlashInferAttnBackend does not declare 128 under deterministic inference")
+        expected = installed_facts().chunk_align
+        if report["backends"].get("FlashInferAttnBackend") != expected:
+            report["problems"].append(
+                f"FlashInferAttnBackend does not declare {expected} under deterministic inference"
+            )
         patches.remove()
 
 
@@ -210,6 +221,7 @@ def format_doctor(report):
     lines = ["sglang-chunk-align doctor"]
     lines += [f"  {name:<20} {version or 'not installed'}" for name, version in report["versions"].items()]
     lines.append(f"  supported SGLang     {report['supported_sglang']}")
+    lines.append(f"  kernel facts         {report['kernel_facts']['summary']}")
     lines += [f"  {name}={value}" for name, value in report["switches"].items()]
     if report["versions"]["sglang"] is None:
         lines.append("patch points: not checked (SGLang not installed)")

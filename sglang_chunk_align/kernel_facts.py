@@ -79,6 +79,13 @@ class KernelFacts:
         thresholds = {above for _, rows, _ in self.tile_classes for above, _ in rows} | {0}
         return min(above for above in thresholds if self.cta_tile(above + 1, head_dim) == largest)
 
+    @property
+    def chunk_align(self):
+        """Tokens; what the deterministic FlashInferAttnBackend declares as prefill_chunk_align: the
+        grid at GQA group 1 (128 rows are 128 tokens, on the grid at every group), or 1 where starts
+        do not matter."""
+        return self.grid_rows or 1
+
     def exempt_kv(self, head_dim):
         """Members whose KV is at most this many tokens may run on any tile (0: none)."""
         known_small = head_dim is not None and head_dim < self.short_kv_below_head_dim

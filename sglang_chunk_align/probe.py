@@ -251,29 +251,41 @@ def measure(shape, case):
     try:
         got, want = shape.run(case)
     except Exception as error:  # a head_dim this flashinfer cannot plan: recorded, not raised
-        return {"case": asdict(case), "group": shape.group, "head_dim": shape.head_dim,
-                "error": f"{type(error).__name__}: {error}".splitlines()[0]}
+        return {**_result(shape, case), "error": f"{type(error).__name__}: {error}".splitlines()[0]}
     bad = (got != want).flatten(1).any(dim=1)
     rows = bad.nonzero().flatten()
     return {
-        "case": asdict(case), "group": shape.group, "head_dim": shape.head_dim,
+        **_result(shape, case),
         "exact": not bool(bad.any()), "n_bad_rows": int(bad.sum()),
         "first_bad_row": int(rows[0]) if rows.numel() else None,
         "max_abs": (got.float() - want.float()).abs().max().item(),
     }
 
 
+def _result(shape, case):
+    return {"case": asdict(case), "group": shape.group, "head_dim": shape.head_dim}
+
+
 def run_probe(groups, head_dims, decode=True):
-    """Measure every case for every shape on the installed flashinfer; a list of results."""
+    """Measure every case for every shape on the installed flashinfer: yields each shape's results.
+
+    Where the reference of a head_dim fails (this flashinfer cannot build or plan
+    fa2 for it), its other cases are recorded with that error instead of
+    retrying the JIT build for each.
+    """
     import torch
 
     workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
-    results = []
     for head_dim in head_dims:
+        failed = None
         for group in groups:
             shape = Shape(group, head_dim, workspace)
-            results += [measure(shape, case) for case in cases(group, decode)]
-    return results
+            results = []
+            for case in cases(group, decode):
+                result = measure(shape, case) if failed is None else {**_result(shape, case), "error": failed}
+                failed = failed or (result.get("error") if case.fact == "reference" else None)
+                results.append(result)
+            yield results
 
 
 def environment():
@@ -309,13 +321,15 @@ def main(args):
     facts, warning = facts_for(installed_flashinfer())
     if warning:
         print(f"WARNING: {warning}", file=sys.stderr)
-    checked = verdicts(facts, run_probe(groups, head_dims, decode=not args.no_decode))
-    _, status = summary(facts, checked)
-    report = {"environment": environment(), "facts": facts.flashinfer, "facts_measured": facts.measured,
-              "holds": status == HOLD, "results": checked}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+    checked = []
+    for results in run_probe(groups, head_dims, decode=not args.no_decode):
+        checked += verdicts(facts, results)
+        _, status = summary(facts, checked)
+        report = {"environment": environment(), "facts": facts.flashinfer, "facts_measured": facts.measured,
+                  "holds": status == HOLD, "results": checked}
+        if args.out:  # after every shape, so a run cut short keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
     print(json.dumps(report, indent=1) if args.json else format_report(facts, checked))
     return status
 
