@@ -91,3 +91,12 @@ def test_without_a_gpu_it_exits_2_with_one_line():
     run = subprocess.run([sys.executable, "-m", "sglang_chunk_align.probe"], capture_output=True, text=True)
     assert run.returncode == probe.CANNOT_MEASURE == 2
     assert run.stderr.count("\n") == 1 and "cannot measure here" in run.stderr
+
+
+def test_a_start_on_fa2s_own_smaller_tile_is_exact():
+    """At head_dim 256 fa2's tile is 64 rows, so 1000 tokens at GQA 8 (8000 rows) start on it:
+    exact on 0.7.2 (tests/gpu/logs/h200_flashinfer072_pytest.log, test_fa2_finer_grid_is_exact_too)."""
+    uniform1000 = next(c for c in probe.cases(8) if c.name == "uniform1000")
+    assert probe.expectation(FI072, 8, 256, uniform1000) == probe.EXACT
+    assert probe.expectation(FI072, 4, 256, uniform1000) == probe.INEXACT  # 4000 rows: off the 64-row tile
+    assert probe.expectation(FI072, 8, 128, uniform1000) == probe.INEXACT
