@@ -36,9 +36,9 @@ from .compat import (
 RULES_OFF = f"off ({RULES_ENV}=0)"
 # Where each scheduler takes its grid from (backends.flashinfer_q_tile_geometry); its log line names the grid.
 GRID_SOURCE = (
-    "128/gcd(128, GQA group) tokens, the group and head_dim read at scheduler start from "
+    "{grid}, the group and head_dim read at scheduler start from "
     "FlashInferAttnBackend.indices_updater_prefill (the heads fa2 prefill is planned with); "
-    "128 tokens where the backend does not say"
+    "{fallback} where the backend does not say"
 )
 # SGLang's Ray scheduler actors never call load_plugins() (README, "Use it on a GPU server").
 RAY_WARNING = (
@@ -178,7 +178,11 @@ def _check_release(report, version):
     else:
         radix = "" if sglang_at_least(releases.RADIX_OPT_IN) else f"; {RADIX_OPT_IN_NEEDS}"
         report["grid_rules"] = RULES_OFF if rules_off else f"available{radix}"
-        report["grid"] = None if rules_off else GRID_SOURCE
+        rows = installed_facts().grid_rows
+        report["grid"] = None if rules_off else GRID_SOURCE.format(
+            grid=f"{rows}/gcd({rows}, GQA group) tokens" if rows else "the KV page (chunk starts anywhere)",
+            fallback=f"{rows} tokens" if rows else "the page",
+        )
     if applied:
         report["backends"] = declared_alignments()
         expected = installed_facts().chunk_align
