@@ -115,6 +115,8 @@ FI072 = KernelFacts(
          "tests/gpu/evidence/fa2_beyond_h200_fi072.json"),
         ("tile capped at 64 rows at head_dim 256 (1000-token starts exact at GQA 8: an 8-token tile)",
          "GQA 1, 2, 4, 8 at head_dim 256", "tests/gpu/logs/h200_flashinfer072_pytest.log"),
+        ("the same cap in the replay: no request the capped tile rule called clear was inexact",
+         "GQA 2 at head_dim 256, mixed and chat workloads", "benchmarks/results_h200.json"),
         ("rows of a partial final q-tile can differ from a longer prompt's (data-dependent)",
          "GQA 1 head_dim 128, chat workload", "benchmarks/logs/h200_probe_inherited_rows.log"),
         ("decoded rows differ from the solo prefill's (192 of 192)", "GQA 1, 4, 8 at 128, GQA 2 at 256",

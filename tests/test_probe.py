@@ -100,3 +100,11 @@ def test_a_start_on_fa2s_own_smaller_tile_is_exact():
     assert probe.expectation(FI072, 8, 256, uniform1000) == probe.EXACT
     assert probe.expectation(FI072, 4, 256, uniform1000) == probe.INEXACT  # 4000 rows: off the 64-row tile
     assert probe.expectation(FI072, 8, 128, uniform1000) == probe.INEXACT
+
+
+def test_every_measured_fact_cites_a_recorded_run_in_the_repository():
+    root = pathlib.Path(__file__).parent.parent
+    for facts in (FI072, FI074):
+        sources = [source for _, _, source in facts.evidence if source]
+        assert sources and all((root / source).is_file() for source in sources), facts.flashinfer
+        assert all(not source.startswith(("/", "..")) for source in sources)
