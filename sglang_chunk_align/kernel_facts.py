@@ -47,7 +47,8 @@ class KernelFacts:
     # head_dim class: (head_dim at least, ((more packed rows than, tile), ...), smallest tile).
     # A batch's tile is the first whose threshold its integer average packed q length exceeds.
     # Measured at head_dim 128 and 256; 512 (VO-split: 32 rows above 32, else 16) is read from
-    # the source only, until `sglang-chunk-align probe --head-dim 512` measures it.
+    # the source only, until `sglang-chunk-align probe --head-dim 512` measures it. Without the
+    # 256 row, head_dim 256 would be held to the stricter uncapped class.
     tile_classes: tuple = ((0, ((64, 128), (16, 64)), 16), (256, ((16, 64),), 16), (512, ((32, 32),), 16))
     # A batch member whose causal KV is at most this many tokens gets the same rows on any tile,
     # at a head_dim below SHORT_KV_BELOW_HEAD_DIM (not at 256).
@@ -115,8 +116,9 @@ FI072 = KernelFacts(
          "tests/gpu/evidence/fa2_beyond_h200_fi072.json"),
         ("tile capped at 64 rows at head_dim 256 (1000-token starts exact at GQA 8: an 8-token tile)",
          "GQA 1, 2, 4, 8 at head_dim 256", "tests/gpu/logs/h200_flashinfer072_pytest.log"),
-        ("the same cap in the replay: no request the capped tile rule called clear was inexact",
-         "GQA 2 at head_dim 256, mixed and chat workloads", "benchmarks/results_h200.json"),
+        ("the same cap in the replay's predictions: every plugin configuration exact as predicted; 2 "
+         "requests predicted clear were inexact (stock-split-128 and upstream-128, page 16, radix on, "
+         "unexplained)", "GQA 2 at head_dim 256, mixed and chat workloads", "benchmarks/results_h200.json"),
         ("rows of a partial final q-tile can differ from a longer prompt's (data-dependent)",
          "GQA 1 head_dim 128, chat workload", "benchmarks/logs/h200_probe_inherited_rows.log"),
         ("decoded rows differ from the solo prefill's (192 of 192)", "GQA 1, 4, 8 at 128, GQA 2 at 256",
