@@ -1,16 +1,18 @@
 """Schedule statistics and predicted hazards: pure Python over a schedule document.
 
-The hazard predictor is an independent oracle on purpose: it restates fa2's
-tile choice (flashinfer 0.7.2's FA2DetermineCtaTileQ) from the kernel, and
+The hazard predictor is an independent oracle on purpose: it takes fa2's
+kernel facts (the tile choice, the grid, partial-tile rows) as data from
+sglang_chunk_align.kernel_facts, for the flashinfer the replay runs on, and
 imports nothing of sglang_chunk_align.planning, so a wrong rule in the
 plugin's planner cannot also hide in the prediction the replay checks.
 """
 
+from sglang_chunk_align.kernel_facts import STRICTEST, installed_facts
+
 from .scheduling import donor_runs
 from .workload import ModelShape
 
-GRID_TOKENS = 128  # fa2's 128-row q-tile is 128 tokens or fewer for every GQA group
-SHORT_KV_TOKENS = 32  # rows whose causal KV is this short matched their solo rows in every probe
+GRID_TOKENS = STRICTEST.chunk_align  # the schedule statistic "starts off 128": the strictest grid
 
 
 def schedule_stats(schedule, requests):
@@ -32,39 +34,36 @@ def schedule_stats(schedule, requests):
     )
 
 
-def cta_tile_q(avg_packed_qo_len, head_dim):
-    """flashinfer 0.7.2 FA2DetermineCtaTileQ for head_dim < 512 on sm80+."""
-    if avg_packed_qo_len > 64 and head_dim < 256:
-        return 128
-    return 64 if avg_packed_qo_len > 16 else 16
-
-
-def predict_hazards(schedule, requests, shape: ModelShape):
+def predict_hazards(schedule, requests, shape: ModelShape, facts=None):
     """rid -> sorted hazards: tile (batch tile != solo tile), off-grid (start off the solo q-tile
     grid), donor (a hazard in the rows that computed the KV it reuses), partial-tile (it reuses
     rows computed in a partial q-tile, which a longer prompt's solo prefill computes in a full one;
     the H200 probe found such rows differ, data-dependently).
 
-    A hazard covers the rows of its extend whose causal KV is longer than
-    SHORT_KV_TOKENS and that lie in the prompt (re-prefilled outputs are not
-    compared). None when the configuration has no fixed split: its KV split
-    follows the batch.
+    A hazard covers the rows of its extend whose causal KV is longer than the
+    facts' short-KV length and that lie in the prompt (re-prefilled outputs are
+    not compared). None when the configuration has no fixed split: its KV split
+    follows the batch. `facts`: the kernel facts of the flashinfer replayed on
+    (default: the installed one's); off-grid and partial-tile hazards only where
+    they say starts and partial tiles matter.
     """
     if schedule["fixed_split"] is None:
         return None
+    facts = facts or installed_facts()
+    short_kv = facts.short_kv_tokens
     g, d = shape.group, shape.head_dim
-    solo_tile = {rid: cta_tile_q(r.prompt_len * g, d) for rid, r in requests.items()}
+    solo_tile = {rid: facts.cta_tile(r.prompt_len * g, d) for rid, r in requests.items()}
     spans = {rid: [] for rid in requests}  # rid -> [(first row, end row, hazards)]
     partial_tiles = {rid: [] for rid in requests}  # rid -> [(first row, end row)] of partial q-tiles
     for step in schedule["steps"]:
-        tile = cta_tile_q(sum((e - s) * g for _, s, e in step) // len(step), d)
+        tile = facts.cta_tile(sum((e - s) * g for _, s, e in step) // len(step), d)
         for rid, s, e in step:
             tile_start = e * g // tile * tile // g  # tokens; the start of the tile holding row e - 1
-            if e * g % tile and tile_start < e:
-                partial_tiles[rid].append((max(s, tile_start, SHORT_KV_TOKENS), e))
-            rows = (max(s, SHORT_KV_TOKENS), min(e, requests[rid].prompt_len))
+            if e * g % tile and tile_start < e and not facts.partial_tile_rows_equal:
+                partial_tiles[rid].append((max(s, tile_start, short_kv), e))
+            rows = (max(s, short_kv), min(e, requests[rid].prompt_len))
             found = {"tile"} if tile != solo_tile[rid] else set()
-            if s * g % solo_tile[rid]:
+            if facts.grid_rows and s * g % min(facts.grid_rows, solo_tile[rid]):
                 found.add("off-grid")
             if found and rows[0] < rows[1]:
                 spans[rid].append((*rows, found))

@@ -47,6 +47,8 @@ import statistics
 import sys
 import time
 
+from sglang_chunk_align.kernel_facts import FI072
+
 SHAPES = {  # name: (num_qo_heads, num_kv_heads, head_dim)
     "g4-d128": (32, 8, 128),  # Llama-3-8B-like
     "g1-d128": (32, 32, 128),
@@ -82,11 +84,11 @@ def partial_bytes(qo_len, kv_len, num_qo_heads, num_kv_heads, head_dim, split):
 
     Mirrors PrefillSplitQOKVIndptr and PrefillPlan in flashinfer 0.7.2's
     include/flashinfer/attention/scheduler.cuh for one request, no CUDA graph,
-    a fixed split size, head_dim < 256.
+    a fixed split size; the CTA tile is FA2DetermineCtaTileQ's, from the kernel facts.
     """
     group = num_qo_heads // num_kv_heads
     packed = qo_len * group
-    cta_tile_q = 128 if packed > 64 else (64 if packed > 16 else 16)
+    cta_tile_q = FI072.cta_tile(packed, head_dim)
     num_chunks = _ceil_div(max(kv_len, 1), split)
     if num_chunks <= 1:
         return 0

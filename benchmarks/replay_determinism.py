@@ -35,9 +35,11 @@ import sys
 import time
 from dataclasses import asdict
 
+from sglang_chunk_align.kernel_facts import facts_for
+
 from .analysis import predict_hazards, prediction_summary, schedule_stats
 from .scheduling import donor_runs, load_requests, schedule_workload
-from .workload import CONFIGS, SHAPES, UNCAPPED_KV_TOKENS, WORKLOAD_SEED, WORKLOADS, ModelShape, WorkloadSpec
+from .workload import CONFIGS, OFF_GRID_CHUNK_CONFIGS, SHAPES, UNCAPPED_KV_TOKENS, WORKLOAD_SEED, WORKLOADS, ModelShape, WorkloadSpec
 
 # ---------------------------------------------------------------------------
 # Phase 2: replay on the GPU
@@ -271,6 +273,8 @@ def _table(header, rows):
 def schedule_report(doc, shapes=SHAPES):
     """Schedule statistics and predicted hazards, one row per schedule (page, radix, configuration, shape)."""
     requests = load_requests(doc)
+    # The kernel facts the schedule was planned with (documents before them were made with 0.7.2's).
+    facts = facts_for(doc["meta"].get("flashinfer_facts", "0.7.2"))[0]
     header = ["page", "radix", "config", "shape", "chunk", "align", "split", "prefill steps", "decode steps",
               "mean batch", "chunked reqs", "starts off 128", "short cuts", "radix hit tokens", "retracted"]
     header += [f"predicted exact % {s.name} (tile/off-grid/donor/partial-tile)" for s in shapes]
@@ -283,7 +287,7 @@ def schedule_report(doc, shapes=SHAPES):
                stats["decode_steps"], stats["mean_batch"], stats["chunked_requests"],
                stats["starts_off_128"], stats["short_cuts"], stats["radix_hit_tokens"], stats["retracted"]]
         for shape in shapes:
-            p = prediction_summary(predict_hazards(schedule, requests, shape))
+            p = prediction_summary(predict_hazards(schedule, requests, shape, facts))
             row.append("-" if schedule["shape"] not in (None, shape.name)
                        else "n/a" if p["predicted_exact_pct"] is None
                        else f"{p['predicted_exact_pct']} ({p['tile']}/{p['off_grid']}/{p['donor']}/{p['partial_tile']})")
@@ -404,8 +408,10 @@ def main(argv=None):
     sched.add_argument("--radix", choices=["off", "on", "both"], default="both", help="radix cache off, on or both")
     sched.add_argument("--uncapped", action="store_true", help="no cap on KV memory")
     sched.add_argument("--out", help="write the schedule document (JSON) here")
-    sched.add_argument("--configs", nargs="+", choices=[c.name for c in CONFIGS],
+    sched.add_argument("--configs", nargs="+", choices=[c.name for c in CONFIGS + OFF_GRID_CHUNK_CONFIGS],
                        default=[c.name for c in CONFIGS], help="schedule only these configurations")
+    sched.add_argument("--flashinfer", metavar="VERSION",
+                       help="plan with this flashinfer release's kernel facts (default: the installed one's)")
     rep = sub.add_parser("replay", help="GPU: replay a schedule document through flashinfer fa2")
     rep.add_argument("--schedules", nargs="+", required=True, help="schedule documents (JSON)")
     rep.add_argument("--json", help="write the results (JSON) here")
@@ -434,10 +440,11 @@ def main(argv=None):
         if args.uncapped:
             spec = WorkloadSpec(**{**asdict(spec), "kv_tokens": UNCAPPED_KV_TOKENS})
         start = time.perf_counter()
-        configs = [c for c in CONFIGS if c.name in args.configs]
+        configs = [c for c in CONFIGS + OFF_GRID_CHUNK_CONFIGS if c.name in args.configs]
         radix_modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.radix]
-        doc = schedule_workload(spec, configs, radix_modes, args.page_sizes, name=args.workload)
-        print(f"{schedule_report(doc)}\n\n{cost_report(doc)}")
+        doc = schedule_workload(spec, configs, radix_modes, args.page_sizes, name=args.workload,
+                                flashinfer=args.flashinfer)
+        print(f"{schedule_report(doc)}\n\n{cost_report(doc)}\n\nkernel facts of flashinfer {doc['meta']['flashinfer_facts']}")
         print(f"\nscheduled {len(doc['requests'])} requests x {len(doc['schedules'])} schedules "
               f"in {time.perf_counter() - start:.1f} s (SGLang {doc['meta']['sglang']})")
         if args.out:

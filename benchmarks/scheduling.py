@@ -62,6 +62,24 @@ def sglang_config(cfg: SchedulingConfig, radix: bool, page_size: int = 1):
                 os.environ[name] = value
 
 
+@contextmanager
+def kernel_facts_of(version):
+    """The plugin in this process takes flashinfer `version`'s kernel facts (None: the installed
+    one's), as `sglang-chunk-align plan --flashinfer` does, so a schedule shows the rules of a
+    release that is not installed (scheduling runs no kernel). Yields the facts."""
+    from sglang_chunk_align import kernel_facts
+
+    installed = kernel_facts.installed_flashinfer
+    if version:
+        kernel_facts.installed_flashinfer = lambda: version
+    kernel_facts.installed_facts.cache_clear()
+    try:
+        yield kernel_facts.installed_facts()
+    finally:
+        kernel_facts.installed_flashinfer = installed
+        kernel_facts.installed_facts.cache_clear()
+
+
 def truncation_align_size(server_args, shape: Optional[ModelShape] = None, page_size: int = 1):
     """Run the Scheduler's own alignment steps (patched by the plugin when applied) on stand-ins,
     with a backend that plans prefill for `shape` (None: a backend that does not say)."""
@@ -360,12 +378,13 @@ def release_kv(req, tree):
 
 
 def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, True), page_sizes=(1,), shapes=SHAPES,
-                      name="mixed"):
+                      name="mixed", flashinfer=None):
     """Schedule the workload under every configuration; the schedule document.
 
     With the grid rules the schedule depends on the model shape (the grid is
     counted in packed rows), so those configurations are scheduled once per
-    shape; the others once, with "shape" None.
+    shape; the others once, with "shape" None. `flashinfer`: the release whose
+    kernel facts the plugin plans with (default: the installed one).
     """
     from importlib import metadata
 
@@ -374,6 +393,18 @@ def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, T
     groups = group_token_lists(group_lens)
     arrivals = [(request, prompt_tokens(request, groups)) for request in requests]
     schedules = []
+    with kernel_facts_of(flashinfer) as facts:
+        _schedule_all(spec, configs, radix_modes, page_sizes, shapes, arrivals, schedules)
+    return dict(
+        meta=dict(name=name, sglang=metadata.version("sglang"), seed=WORKLOAD_SEED, workload=asdict(spec),
+                  checkout=checkout, flashinfer_facts=facts.flashinfer),
+        requests=[asdict(request) for request in requests],
+        group_lens=group_lens,
+        schedules=schedules,
+    )
+
+
+def _schedule_all(spec, configs, radix_modes, page_sizes, shapes, arrivals, schedules):
     for page_size in page_sizes:
         for radix in radix_modes:
             for cfg in configs:
@@ -386,13 +417,6 @@ def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, T
                         chunk=cfg.chunk, fixed_split=cfg.fixed_split, truncation_align_size=align,
                         plugin=cfg.plugin, **result,
                     ))
-    return dict(
-        meta=dict(name=name, sglang=metadata.version("sglang"), seed=WORKLOAD_SEED, workload=asdict(spec),
-                  checkout=checkout),
-        requests=[asdict(request) for request in requests],
-        group_lens=group_lens,
-        schedules=schedules,
-    )
 
 
 def checkout_state():

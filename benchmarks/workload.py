@@ -172,6 +172,9 @@ CONFIGS = (
     # Non-deterministic baseline, for scale: no fixed split.
     SchedulingConfig("nondeterministic", 4096, deterministic=False),
 )
+# Chunk sizes only flashinfer releases whose chunk starts do not matter (0.7.4) accept; scheduled
+# only when named (replay_determinism schedule --configs ... --flashinfer 0.7.4).
+OFF_GRID_CHUNK_CONFIGS = tuple(SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True) for chunk in (192, 320))
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,21 @@
-"""Kernel facts the chunk alignment rests on, and the rules derived from them.
+"""Combining the chunk alignments the backends declare, and the startup refusal.
 
-Measured on an H200 with flashinfer 0.7.2 (tests/gpu): deterministic chunked
-prefill reproduces unchunked prefill bit for bit only when every chunk starts
-on fa2's q-tile grid and fa2 picks the CTA tile the request's solo prefill gets. The
-split-KV tile (SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE) does not change
-which boundaries are exact, so it plays no part here.
+What the deterministic flashinfer backend declares comes from the kernel facts
+of the installed flashinfer (kernel_facts.py): on 0.7.2 a chunk must start on
+fa2's 128-row q-tile grid, on 0.7.4 anywhere. The split-KV tile
+(SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE) does not change which boundaries
+are exact, so it plays no part here.
 
 Pure functions only: no SGLang import, so the CLI and tests use them freely.
 """
 
 import math
 
-# fa2's q-tile grid in tokens: its CTA q-tile is 128 packed rows (64 at head_dim 256), i.e. 128/gqa_group tokens or fewer, so 128 tokens is on the grid for every GQA group and head_dim.
-PREFILL_Q_TILE_TOKENS = 128
+from .kernel_facts import STRICTEST
+
+# The strictest measured alignment (flashinfer 0.7.2's 128-row q-tile grid, 128 tokens at every
+# GQA group and head_dim): safe on every release; the backend declares its release's own.
+PREFILL_Q_TILE_TOKENS = STRICTEST.chunk_align
 
 
 def combine_alignments(*alignments):
@@ -21,7 +24,7 @@ def combine_alignments(*alignments):
     return math.lcm(*declared) if declared else None
 
 
-def chunk_size_error(chunk, align, q_tile, attn_dp_size=1):
+def chunk_size_error(chunk, align, q_tile, attn_dp_size=1, min_piece=None):
     """Why a per-rank chunked-prefill size cannot serve the alignment, or None.
 
     `align` is the scheduler's combined alignment (q-tile, DSA kpool, mamba
@@ -29,7 +32,10 @@ def chunk_size_error(chunk, align, q_tile, attn_dp_size=1):
     than `align` would truncate every long prompt to nothing and leave it
     waiting forever. A chunk that is not a multiple of `q_tile` is refused
     too: SGLang cuts continuation chunks at the full chunk size, so from the
-    second chunk on every start would leave the grid.
+    second chunk on every start would leave the grid. Where the kernel needs
+    no start alignment (q_tile 1), a chunk shorter than `min_piece` (the grid
+    rules' shortest piece on the full fa2 tile) is refused: every piece but the
+    last would run on a smaller tile than its solo prefill.
     """
     if align is None or chunk is None or chunk <= 0:
         return None
@@ -44,6 +50,13 @@ def chunk_size_error(chunk, align, q_tile, attn_dp_size=1):
             f"prefill size is {chunk}{dp_note}; a prompt longer than {chunk} tokens "
             f"could never be scheduled. Raise --chunked-prefill-size to at least "
             f"{align * attn_dp_size}."
+        )
+    if min_piece is not None and chunk < min_piece:
+        return (
+            f"Chunked prefill pieces must get fa2's full q-tile, {min_piece} tokens or more for this "
+            f"model, but each rank's chunked prefill size is {chunk}{dp_note}: every piece but a "
+            f"prompt's last would run on a smaller tile and lose bit-exactness. Raise "
+            f"--chunked-prefill-size to at least {min_piece * attn_dp_size}."
         )
     if q_tile is not None and chunk % q_tile:
         lower, upper = chunk // q_tile * q_tile, (chunk // q_tile + 1) * q_tile

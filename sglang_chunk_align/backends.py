@@ -13,15 +13,17 @@ as properties.
 import os
 from dataclasses import dataclass, field
 
-from .alignment import PREFILL_Q_TILE_TOKENS, combine_alignments
+from .alignment import combine_alignments
 from .compat import ChunkAlignError
+from .kernel_facts import installed_facts
 
 # Stock SGLang before 0.5.22 aligned deterministic triton prefill to this (default 4096).
 TRITON_ALIGN_ENV = "SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE"
 
 
 def flashinfer_prefill_chunk_align(backend):
-    """The fa2 q-tile when deterministic fa2 paged prefill runs, else None."""
+    """What the installed flashinfer's fa2 needs chunk starts on (kernel_facts: 128 on 0.7.2, 1 on
+    0.7.4) when deterministic fa2 paged prefill runs, else None."""
     runs_fixed_split_fa2 = (
         getattr(backend, "enable_deterministic", False)
         # Set from SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE under deterministic inference only.
@@ -29,7 +31,7 @@ def flashinfer_prefill_chunk_align(backend):
         and getattr(backend, "prefill_backend", None) == "fa2"
         and not getattr(backend, "skip_prefill", False)
     )
-    return PREFILL_Q_TILE_TOKENS if runs_fixed_split_fa2 else None
+    return installed_facts().chunk_align if runs_fixed_split_fa2 else None
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ import pkgutil
 import sys
 from importlib import metadata
 
-from . import patches, prefill_hooks, releases, standins, verify
+from . import patches, prefill_hooks, probe, releases, standins, verify
 from .planning import Rules, plan
-from .alignment import PREFILL_Q_TILE_TOKENS, chunk_size_error
+from .alignment import chunk_size_error
+from .kernel_facts import facts_for, installed_facts, installed_flashinfer
 from .compat import (
     RADIX_OPT_IN_NEEDS,
     RULES_ENV,
@@ -36,9 +37,9 @@ from .compat import (
 RULES_OFF = f"off ({RULES_ENV}=0)"
 # Where each scheduler takes its grid from (backends.flashinfer_q_tile_geometry); its log line names the grid.
 GRID_SOURCE = (
-    "128/gcd(128, GQA group) tokens, the group and head_dim read at scheduler start from "
+    "{grid}, the group and head_dim read at scheduler start from "
     "FlashInferAttnBackend.indices_updater_prefill (the heads fa2 prefill is planned with); "
-    "128 tokens where the backend does not say"
+    "{fallback} where the backend does not say"
 )
 # SGLang's Ray scheduler actors never call load_plugins() (README, "Use it on a GPU server").
 RAY_WARNING = (
@@ -56,16 +57,23 @@ def main(argv=None):
     planner = commands.add_parser("plan", help="show one request's chunks, upstream and with the plugin")
     planner.add_argument("--prompt-len", type=_at_least(1), required=True, help="prompt length in tokens")
     planner.add_argument("--cached", type=_at_least(0), default=0, help="radix-cache hit length in tokens")
-    planner.add_argument("--chunk", type=_chunk_size, required=True, help="per-rank --chunked-prefill-size")
+    planner.add_argument("--chunk", type=_at_least(1), required=True, help="per-rank --chunked-prefill-size")
     planner.add_argument("--group", type=_at_least(1), default=1, help="GQA group (q heads per KV head)")
     planner.add_argument("--head-dim", type=_at_least(1), help="model head_dim (below 256 exempts very short KV)")
+    planner.add_argument(
+        "--flashinfer", metavar="VERSION", help="the flashinfer release whose kernel facts to plan with (default: the installed one)"
+    )
     planner.add_argument("--json", action="store_true", help="print JSON")
     verifier = verify.add_parser(commands)
+    prober = commands.add_parser("probe", help="measure the installed flashinfer's fa2 kernel facts on this GPU")
+    probe.add_arguments(prober)
     args = parser.parse_args(argv)
     if args.command == "plan":
         return run_plan(planner, args)
     if args.command == "verify":
         return verify.run(verifier, args)
+    if args.command == "probe":
+        return probe.main(args)
     with contextlib.redirect_stdout(sys.stderr):  # some SGLang modules print on import
         report = run_doctor()
     print(json.dumps(report, indent=2) if args.json else format_doctor(report))
@@ -87,15 +95,6 @@ def _at_least(lowest):
     return parse
 
 
-def _chunk_size(text):
-    """An argparse type: a chunk the scheduler would accept, refused with the scheduler's own message."""
-    chunk = _at_least(1)(text)
-    error = chunk_size_error(chunk, align=PREFILL_Q_TILE_TOKENS, q_tile=PREFILL_Q_TILE_TOKENS)
-    if error:
-        raise argparse.ArgumentTypeError(error)
-    return chunk
-
-
 def run_plan(planner, args):
     """Chunks of one request prefilled alone: SGLang's length alignment vs the plugin's rules."""
     if args.cached >= args.prompt_len:
@@ -103,7 +102,14 @@ def run_plan(planner, args):
             f"--cached {args.cached} must be below --prompt-len {args.prompt_len}: "
             "SGLang always prefills at least the last prompt token"
         )
-    rules = Rules(group=args.group, head_dim=args.head_dim)
+    facts, warning = facts_for(args.flashinfer or installed_flashinfer())
+    if warning:
+        print(f"WARNING: {warning}", file=sys.stderr)
+    rules = Rules(group=args.group, head_dim=args.head_dim, facts=facts)
+    # The chunk sizes the scheduler accepts, refused with its own message.
+    error = chunk_size_error(args.chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail)
+    if error:
+        planner.error(f"argument --chunk: {error}")
     schedules = {
         "upstream length alignment": plan(args.prompt_len, args.cached, args.chunk, rules, aligned=False),
         "sglang-chunk-align": plan(args.prompt_len, args.cached, args.chunk, rules),
@@ -111,6 +117,7 @@ def run_plan(planner, args):
     if args.json:
         print(json.dumps({name: [vars(c) for c in chunks] for name, chunks in schedules.items()}, indent=2))
     else:
+        print(facts.describe())
         for name, chunks in schedules.items():
             hazards = sum(bool(c.hazards) for c in chunks)
             print(f"{name}: {len(chunks)} chunk{'s' * (len(chunks) != 1)}, {hazards} with hazards")
@@ -127,6 +134,7 @@ def run_doctor():
         "switches": {},
         "grid_rules": None,
         "grid": None,
+        "kernel_facts": None,
         "problems": [],
         "warnings": [RAY_WARNING] if importlib.util.find_spec("ray") else [],
         "patch_points": [],
@@ -140,6 +148,10 @@ def run_doctor():
         patches.apply(now=True)  # every point, imported by SGLang yet or not
     except ChunkAlignError as error:
         report["problems"].append(str(error))
+    facts = installed_facts()
+    report["kernel_facts"] = {"flashinfer": facts.flashinfer, "measured": facts.measured, "summary": facts.describe()}
+    if not facts.measured:
+        report["warnings"].append(facts_for(installed_flashinfer())[1])
     if version is not None:  # without SGLang the patch points mean nothing
         _check_release(report, version)
     report["ok"] = not report["problems"]
@@ -170,11 +182,18 @@ def _check_release(report, version):
     else:
         radix = "" if sglang_at_least(releases.RADIX_OPT_IN) else f"; {RADIX_OPT_IN_NEEDS}"
         report["grid_rules"] = RULES_OFF if rules_off else f"available{radix}"
-        report["grid"] = None if rules_off else GRID_SOURCE
+        rows = installed_facts().grid_rows
+        report["grid"] = None if rules_off else GRID_SOURCE.format(
+            grid=f"{rows}/gcd({rows}, GQA group) tokens" if rows else "the KV page (chunk starts anywhere)",
+            fallback=f"{rows} tokens" if rows else "the page",
+        )
     if applied:
         report["backends"] = declared_alignments()
-        if report["backends"].get("FlashInferAttnBackend") != 128:
-            report["problems"].append("FlashInferAttnBackend does not declare 128 under deterministic inference")
+        expected = installed_facts().chunk_align
+        if report["backends"].get("FlashInferAttnBackend") != expected:
+            report["problems"].append(
+                f"FlashInferAttnBackend does not declare {expected} under deterministic inference"
+            )
         patches.remove()
 
 
@@ -210,6 +229,7 @@ def format_doctor(report):
     lines = ["sglang-chunk-align doctor"]
     lines += [f"  {name:<20} {version or 'not installed'}" for name, version in report["versions"].items()]
     lines.append(f"  supported SGLang     {report['supported_sglang']}")
+    lines.append(f"  kernel facts         {report['kernel_facts']['summary']}")
     lines += [f"  {name}={value}" for name, value in report["switches"].items()]
     if report["versions"]["sglang"] is None:
         lines.append("patch points: not checked (SGLang not installed)")

@@ -1,110 +1,122 @@
 """Where an extend may start and end, and which batches keep fa2 on one tile.
 
 fa2 picks one CTA q-tile per batch from the integer average of the packed q
-lengths (tokens x GQA group): 128 rows above 64, 64 rows above 16, else 16.
-A request's chunked prefill is bit-exact against its solo unchunked prefill
-when every chunk starts on the q-tile grid and runs on the tile its solo
-prefill gets. Measured on an H200 with flashinfer 0.7.2 (tests/gpu/README.md,
-"Kernel facts"), in packed rows, so a known group g relaxes each rule g-fold:
+lengths (tokens x GQA group). A request's chunked prefill is bit-exact
+against its solo unchunked prefill when every chunk runs on the tile its solo
+prefill gets and, on flashinfer releases where starts matter (0.7.2: 128 packed
+rows), starts on the q-tile grid. Those kernel facts come from
+kernel_facts.py, per flashinfer release (Rules.facts: the installed one's by
+default). Counted in packed rows, a known group g relaxes each rule g-fold:
 
-- the grid is 128 packed rows: 128/gcd(128, g) tokens;
-- reuse a cached prefix only up to the grid (and SGLang's page), leaving a
-  piece of more than 64 packed rows to compute (a 1-token extend over 2000
-  cached tokens gets a small tile);
-- cut every chunk on the grid, memory-pressure and continuation cuts included;
-- end a chunk one grid step early when the piece after it would be 64 packed
-  rows or fewer; where the budget holds no earlier cut (chunk 128 at group 1),
-  the short final piece rides along with the chunk before it instead, so that
-  extend exceeds the budget by less than a minimum piece.
+- the grid: 128 packed rows are 128/gcd(128, g) tokens, joined with SGLang's
+  KV page; where starts do not matter (0.7.4) it is the page alone;
+- reuse a cached prefix only up to the grid, leaving a piece that gets the
+  full tile to compute (a 1-token extend over 2000 cached tokens gets a small
+  tile);
+- cut every chunk on the grid, memory-pressure and continuation cuts included,
+  and never cut a piece too short for the full tile before the prompt's end:
+  where the piece after a cut would be too short, end the chunk earlier; where
+  the budget holds no earlier cut (chunk 128 at group 1), the short final
+  piece rides along with the chunk before it instead, so that extend exceeds
+  the budget by less than a minimum piece;
+- the radix tree takes only what prefill reproduces (published_len): not
+  the rows of a partial final q-tile where those can differ, nor generated
+  tokens' KV where decoded rows differ.
 
-Every batch member must get its solo tile. At head_dim 128, a member whose
-KV is at most KV_TOO_SHORT_TO_MATTER tokens gave the same result on any tile;
-at head_dim 256 it did not (benchmarks/README.md), so only a known head_dim
-below 256 earns that exemption. Where the live backend does not say its
-geometry, Rules() assumes group 1 and an unknown head_dim: the coarsest grid,
-safe for every model.
+Every batch member must get its solo tile. A member whose KV is at most the
+facts' short-KV length gave the same result on any tile at a known head_dim
+below 256 (not at 256; benchmarks/README.md). Where the live backend does not
+say its geometry, Rules() assumes group 1 and an unknown head_dim: the
+coarsest grid, and tiles compared at every head_dim, safe for every model.
 
 Pure functions: the scheduler hooks, the CLI `plan` command and the tests use
 them alike.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .alignment import PREFILL_Q_TILE_TOKENS
-
-KV_TOO_SHORT_TO_MATTER = 32
-# fa2 gives an extend of more than this many packed rows its full 128-row tile.
-FULL_TILE_ABOVE_ROWS = 64
+from .kernel_facts import installed_facts
 
 # How chunk_end treats a final piece too short for the full tile that no earlier cut can merge.
 KEEP, WAIT, RIDE = "keep", "wait", "ride"
 
 
-def q_tile_grid(group):
-    """fa2's q-tile grid in tokens: 128 packed rows hold 128/group tokens."""
-    return PREFILL_Q_TILE_TOKENS // math.gcd(PREFILL_Q_TILE_TOKENS, group)
-
-
-def cta_tile(packed_rows):
-    """The CTA q-tile fa2 picks for a batch whose average packed q length is `packed_rows`.
-
-    This is FA2DetermineCtaTileQ for head_dim < 256 on sm80+. At head_dim 256
-    fa2 caps the tile at 64 rows; rules that keep the 128-row choices equal
-    keep those equal too, so they hold there, only more strictly than needed.
-    """
-    return 128 if packed_rows > 64 else 64 if packed_rows > 16 else 16
+def q_tile_grid(rows, group):
+    """`rows` packed rows in tokens for a GQA group: 128 rows hold 128/gcd(128, group) tokens."""
+    return rows // math.gcd(rows, group)
 
 
 @dataclass(frozen=True)
 class Rules:
     group: int = 1  # packed rows per token: q heads per KV head as fa2 is planned (1: unknown)
-    head_dim: int = None  # None: unknown, no short-KV exemption
+    head_dim: int = None  # None: unknown, tiles compared at every head_dim, no short-KV exemption
     page_size: int = 1  # SGLang's KV page: a reused prefix ends on a page
+    facts: object = field(default_factory=installed_facts)  # kernel_facts.KernelFacts
 
     @property
     def grid(self):
         """Tokens; every extend starts on a multiple of it."""
-        return math.lcm(q_tile_grid(self.group), self.page_size)
+        rows = self.facts.grid_rows
+        return math.lcm(q_tile_grid(rows, self.group), self.page_size) if rows else self.page_size
 
     @property
     def min_tail(self):
-        """Tokens; the shortest extend that gets the full 128-row tile."""
-        return FULL_TILE_ABOVE_ROWS // self.group + 1
+        """Tokens; the shortest extend that gets the full tile."""
+        return self.facts.full_tile_above_rows(self.head_dim) // self.group + 1
 
     @property
     def exempt_kv(self):
         """Members whose KV is at most this many tokens may run on any tile."""
-        return KV_TOO_SHORT_TO_MATTER if self.head_dim is not None and self.head_dim < 256 else 0
+        return self.facts.exempt_kv(self.head_dim)
+
+    @property
+    def tile_grid(self):
+        """Tokens; what fa2's largest q-tile (128 rows) spans, joined with the page: a prompt's
+        rows after its last multiple of it were computed in a partial q-tile."""
+        return math.lcm(q_tile_grid(self.facts.cta_tile(1 << 30, 0), self.group), self.page_size)
 
     def solo_tile(self, prompt_len):
-        return cta_tile(prompt_len * self.group)
+        return self.facts.cta_tile(prompt_len * self.group, self.head_dim)
 
     def batch_tile(self, extend_lens):
-        return cta_tile(sum(extend_lens) * self.group // len(extend_lens))
+        return self.facts.cta_tile(sum(extend_lens) * self.group // len(extend_lens), self.head_dim)
 
     def describe(self):
         """The grid in words, for the scheduler's log line and doctor."""
         return (
             f"{self.grid}-token grid, pieces over {self.min_tail - 1} tokens "
-            f"(GQA group {self.group}, head_dim {self.head_dim or 'unknown'}, page {self.page_size})"
+            f"(GQA group {self.group}, head_dim {self.head_dim or 'unknown'}, page {self.page_size}; "
+            f"{self.facts.describe()})"
         )
 
 
 def usable_prefix(cached, prompt_len, rules):
     """How much of a cached prefix to reuse: on the grid, leaving min_tail tokens to compute."""
-    used = min(cached, prompt_len - 1) // rules.grid * rules.grid
-    while used > 0 and prompt_len - used < rules.min_tail:
-        used -= rules.grid
-    return used
+    return max(0, min(cached, prompt_len - rules.min_tail) // rules.grid * rules.grid)
+
+
+def published_len(up_to, prompt_len, rules):
+    """How much of a request's KV (`up_to` tokens) the radix tree may take: what prefill reproduces.
+
+    Rows of a prompt's partial final q-tile can differ from a longer prompt's
+    solo prefill, where that tile is full, and decoded rows from prefill rows
+    (flashinfer 0.7.2, tests/gpu/README.md, "Kernel facts"); each is kept out
+    where the facts say so.
+    """
+    if not rules.facts.decoded_rows_equal:
+        up_to = min(up_to, prompt_len)
+    if not rules.facts.partial_tile_rows_equal:
+        up_to = up_to // rules.tile_grid * rules.tile_grid
+    return up_to
 
 
 def chunk_end(start, budget, prompt_len, rules, short_tail=KEEP):
     """Where an extend starting at `start` (on the grid) with `budget` tokens ends.
 
-    Returns `start` when no grid cut fits the budget: the request waits. A
-    final piece shorter than min_tail that ending one grid step early cannot
-    merge is handled by `short_tail`: KEEP leaves it (the budget is bound by
+    Returns `start` when no grid cut leaving a piece of at least min_tail fits
+    the budget: the request waits. A final piece shorter than min_tail that no
+    earlier cut can merge is handled by `short_tail`: KEEP leaves it (the budget is bound by
     memory), WAIT returns `start` (the budget is what other requests left
     over), RIDE returns `prompt_len` (the piece rides with this extend).
     """
@@ -112,13 +124,14 @@ def chunk_end(start, budget, prompt_len, rules, short_tail=KEEP):
         return prompt_len
     end = (start + budget) // rules.grid * rules.grid
     if prompt_len - end < rules.min_tail:
-        if end - rules.grid > start:
-            end -= rules.grid
+        earlier = (prompt_len - rules.min_tail) // rules.grid * rules.grid
+        if earlier - start >= rules.min_tail:
+            end = earlier
         elif short_tail == WAIT:
             return start
         elif short_tail == RIDE:
             return prompt_len
-    return max(end, start)
+    return end if end - start >= rules.min_tail else start
 
 
 def tile_conflicts(members, rules):
@@ -141,8 +154,9 @@ class Chunk:
 
 def plan(prompt_len, cached, chunk, rules, aligned=True):
     """The chunks of one request prefilled alone: with the plugin's rules, or
-    (aligned=False) as SGLang's length alignment cuts them. `chunk` is at least
-    the 128-token alignment (cli checks it), so every extend is non-empty."""
+    (aligned=False) as SGLang's length alignment cuts them, to the alignment the
+    backend declares. `chunk` is one the scheduler accepts (cli checks it), so
+    every extend is non-empty."""
     if aligned:
         start = usable_prefix(cached, prompt_len, rules)
     else:
@@ -152,17 +166,25 @@ def plan(prompt_len, cached, chunk, rules, aligned=True):
         if aligned:
             end = chunk_end(start, chunk, prompt_len, rules, short_tail=RIDE)
         else:
-            end = min(prompt_len, start + chunk // PREFILL_Q_TILE_TOKENS * PREFILL_Q_TILE_TOKENS)
+            align = rules.facts.chunk_align
+            end = min(prompt_len, start + chunk // align * align)
         chunks.append(_describe(start, end, prompt_len, rules))
         start = end
     return chunks
 
 
 def _describe(start, end, prompt_len, rules):
-    tile = rules.batch_tile([end - start])
+    """A chunk with its tile (at head_dim 128 where the head_dim is unknown) and its hazards."""
+    tile, solo = rules.batch_tile([end - start]), rules.solo_tile(prompt_len)
     hazards = []
-    if start % q_tile_grid(rules.group):
+    rows = rules.facts.grid_rows
+    if rows and start % q_tile_grid(rows, rules.group):
         hazards.append("starts off the q-tile grid")
-    if end > rules.exempt_kv and tile != rules.solo_tile(prompt_len):
-        hazards.append(f"runs on the {tile}-row tile, solo prefill on {rules.solo_tile(prompt_len)}")
-    return Chunk(start, end, tile, tuple(hazards))
+    if end > rules.exempt_kv and tile != solo:
+        hazards.append(f"runs on the {_rows(tile)}-row tile, solo prefill on {_rows(solo)}")
+    return Chunk(start, end, _rows(tile), tuple(hazards))
+
+
+def _rows(tile):
+    """A tile in rows; the head_dim-128 one of the tiles an unknown head_dim compares."""
+    return tile[0] if isinstance(tile, tuple) else tile

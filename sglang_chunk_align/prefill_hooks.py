@@ -20,7 +20,7 @@ import sys
 from dataclasses import replace
 
 from .compat import req_extend_end, req_prefix_len
-from .planning import KEEP, RIDE, WAIT, chunk_end, tile_conflicts, usable_prefix
+from .planning import KEEP, RIDE, WAIT, chunk_end, published_len, tile_conflicts, usable_prefix
 
 logger = logging.getLogger("sglang_chunk_align")
 
@@ -264,13 +264,14 @@ def keep_solo_tiles(wrapped, instance, args, kwargs):
 
 
 def publish_full_tiles(wrapped, instance, args, kwargs):
-    """Wraps UnifiedRadixCache.checkpoint: the tree takes a request's KV only up to the last
-    grid step of its prompt.
+    """Wraps UnifiedRadixCache.checkpoint: the tree takes a request's KV only as far as prefill
+    reproduces it (planning.published_len: on flashinfer 0.7.2 up to the last q-tile step of
+    its prompt).
 
     The rows after it were computed in a partial q-tile, and a longer
-    prompt's solo prefill computes them in a full one: measured on an H200,
-    some differ; generated tokens' KV comes from decode steps, whose rows no
-    prefill reproduces (tests/gpu/README.md, "Kernel facts"). Stock would
+    prompt's solo prefill computes them in a full one: measured on an H200
+    with 0.7.2, some differ; generated tokens' KV comes from decode steps,
+    whose rows no prefill reproduces (tests/gpu/README.md, "Kernel facts"). Stock would
     publish both, and once in the tree they are served even to a request that
     recomputed that span itself, because an insert keeps the tree's first copy.
     release_kv_cache frees what the tree does not take, as for any checkpoint.
@@ -278,9 +279,8 @@ def publish_full_tiles(wrapped, instance, args, kwargs):
     if rules_in_force is None:
         return wrapped(*args, **kwargs)
     req = args[0] if args else kwargs["req"]
-    grid = rules_in_force.grid
-    full_tiles = min(kwargs["up_to"], len(req.origin_input_ids)) // grid * grid
-    up_to = max(full_tiles, req.kv.cache_protected_len)
+    reproduced = published_len(kwargs["up_to"], len(req.origin_input_ids), rules_in_force)
+    up_to = max(reproduced, req.kv.cache_protected_len)
     return wrapped(*args, **{**kwargs, "up_to": up_to})
 
 

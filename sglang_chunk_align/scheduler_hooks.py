@@ -74,7 +74,10 @@ def _check_chunk(scheduler, rules_available):
         return  # A decode server never prefills a prompt.
     if q_tile is not None and not rules_available:
         logger.warning("sglang-chunk-align: no grid rules on this SGLang release: %s.", releases.WITHOUT_GRID_RULES)
-    problem = chunk_size_error(scheduler.chunked_prefill_size, align, q_tile, _attn_dp_size(scheduler.server_args))
+    problem = chunk_size_error(
+        scheduler.chunked_prefill_size, align, q_tile, _attn_dp_size(scheduler.server_args),
+        min_piece=rules.min_tail if rules is not None else None,
+    )
     if problem:
         raise ValueError(problem)
 

@@ -12,6 +12,7 @@ import pytest
 from sglang_chunk_align import patches, releases
 from sglang_chunk_align.alignment import chunk_size_error
 from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, sglang_at_least
+from sglang_chunk_align.kernel_facts import installed_facts
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # Hides the installed SGLang from a fresh interpreter (its metadata and its import), and
@@ -65,6 +66,10 @@ def test_doctor_reports_a_working_install():
     assert (report["grid"] or "").startswith("128/gcd(128, GQA group) tokens" if rules_available else "")
     assert ("indices_updater_prefill" in report["grid"]) if rules_available else report["grid"] is None
     assert report["backends"]["FlashInferAttnBackend"] == 128
+    facts = installed_facts()  # SGLang 0.5.23 pins flashinfer 0.7.2 (measured), 0.5.22 0.7.1 (not)
+    assert report["kernel_facts"] == {"flashinfer": facts.flashinfer, "measured": facts.measured,
+                                      "summary": facts.describe()}
+    assert any("its fa2 kernel facts were not measured" in w for w in report["warnings"]) == (not facts.measured)
     assert report["backends"]["FlashInferMLAAttnBackend"] is None
     assert report["backends"]["TboAttnBackend"] == 128
     assert report["switches"] == {

@@ -1,19 +1,33 @@
 """The pure planner behind the grid rules (the `plan` command is tested in test_cli.py)."""
 
+from dataclasses import replace
+from functools import partial
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sglang_chunk_align.planning import KEEP, RIDE, WAIT, Rules, chunk_end, cta_tile, plan, q_tile_grid, tile_conflicts, usable_prefix
+from sglang_chunk_align.alignment import chunk_size_error
+from sglang_chunk_align.kernel_facts import FI072, FI074
+from sglang_chunk_align.planning import (
+    KEEP, RIDE, WAIT, Rules, chunk_end, plan, published_len, q_tile_grid, tile_conflicts, usable_prefix,
+)
 
+# flashinfer 0.7.2's facts, whatever flashinfer is installed: the rules these tests pin.
+Rules = partial(Rules, facts=FI072)  # noqa: F811
 RULES = Rules()
 
 
-def test_cta_tile_follows_fa2_thresholds():
-    assert [cta_tile(n) for n in (1, 16, 17, 64, 65, 4096)] == [16, 16, 64, 64, 128, 128]
+def test_cta_tile_follows_fa2_thresholds_per_head_dim():
+    rows = (1, 16, 17, 32, 33, 64, 65, 4096)
+    assert [FI072.cta_tile(n, 128) for n in rows] == [16, 16, 64, 64, 64, 64, 128, 128]
+    assert [FI072.cta_tile(n, 256) for n in rows] == [16, 16, 64, 64, 64, 64, 64, 64]
+    assert [FI072.cta_tile(n, 512) for n in rows] == [16, 16, 16, 16, 32, 32, 32, 32]
+    # unknown head_dim: every class's tile, so 17 and 33 rows (the same tile at 128) differ at 512
+    assert FI072.cta_tile(17) != FI072.cta_tile(33) and FI072.cta_tile(65) == (128, 64, 32)
 
 
 def test_q_tile_grid_per_group():
-    assert [q_tile_grid(g) for g in (1, 2, 4, 5, 8)] == [128, 64, 32, 128, 16]
+    assert [q_tile_grid(128, g) for g in (1, 2, 4, 5, 8)] == [128, 64, 32, 128, 16]
 
 
 def test_cached_prefix_is_rounded_down_to_the_grid():
@@ -77,23 +91,62 @@ def test_tile_conflicts_in_thin_batches():
     assert tile_conflicts([long_chunk] + [(1, 900, 900)] * 31, Rules(group=4))  # measured: 31 fail
     assert tile_conflicts([long_chunk, (50, 50, 50)], RULES) == [(50, 50, 50)]
     assert tile_conflicts([long_chunk, (20, 20, 20)], Rules(head_dim=128)) == []  # KV too short to matter
-    assert tile_conflicts([long_chunk, (20, 20, 20)], Rules(head_dim=256)) == [(20, 20, 20)]  # measured: it does
     assert tile_conflicts([long_chunk, (20, 20, 20)], RULES) == [(20, 20, 20)]  # unknown head_dim
+    # head_dim 256: fa2's tile is 64 rows above 16, so a 20-token prompt and a long chunk share it;
+    # a batch averaging 16 rows or fewer moves it to the 16-row tile, and short KV does not help there
+    assert tile_conflicts([long_chunk, (20, 20, 20)], Rules(head_dim=256)) == []
+    thin = [long_chunk] + [(20, 20, 20)] + [(1, 300, 300)] * 30
+    assert (20, 20, 20) in tile_conflicts(thin, Rules(head_dim=256))
+    assert (20, 20, 20) not in tile_conflicts(thin, Rules(head_dim=128))
 
 
 @given(
     prompt_len=st.integers(1, 20000),
     cached=st.integers(0, 20000),
-    chunk=st.sampled_from([128, 256, 384, 512, 1024, 4096]),
+    chunk=st.sampled_from([128, 192, 256, 320, 384, 512, 1024, 4096]),
     group=st.sampled_from([1, 2, 4, 8]),
+    facts=st.sampled_from([FI072, FI074]),
+    head_dim=st.sampled_from([None, 128, 256, 512]),
 )
-def test_every_plan_starts_on_the_grid_and_keeps_the_solo_tile(prompt_len, cached, chunk, group):
-    rules = Rules(group=group)
+def test_every_plan_starts_on_the_grid_and_keeps_the_solo_tile(prompt_len, cached, chunk, group, facts, head_dim):
+    rules = Rules(group=group, head_dim=head_dim, facts=facts)
+    if chunk_size_error(chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail):
+        assert facts is FI072 and chunk % 128
+        return
     chunks = plan(prompt_len, cached, chunk, rules)
     assert chunks[-1].end == prompt_len
     assert all(c.start % rules.grid == 0 and c.end > c.start for c in chunks)
+    assert all(c.end - c.start >= rules.min_tail for c in chunks[:-1])
     assert all(c.end - c.start < chunk + rules.min_tail for c in chunks)
     assert all(c.end - c.start <= chunk for c in chunks[:-1])
     assert not any(c.hazards for c in chunks)
     reusable = min(cached, prompt_len - 1)
     assert chunks[0].start <= reusable and reusable - chunks[0].start < rules.grid + rules.min_tail
+
+
+def test_one_fact_changes_the_rules():
+    """Starts off the grid exact (grid None): a chunk of 192 is accepted, a radix hit is not
+    rounded (only min_tail is left to compute), and the backend declares 1."""
+    anywhere = Rules(group=4, facts=replace(FI072, grid_rows=None))
+    assert chunk_size_error(192, 128, 128) and not chunk_size_error(192, 1, 1, min_piece=anywhere.min_tail)
+    assert (anywhere.grid, Rules(group=4).grid) == (1, 32)
+    assert (usable_prefix(1000, 2500, anywhere), usable_prefix(1000, 2500, Rules(group=4))) == (1000, 992)
+    assert usable_prefix(2000, 2010, anywhere) == 2010 - anywhere.min_tail == 1993
+    assert [c.end for c in plan(1040, 0, 256, anywhere)][-2:] == [1023, 1040]  # the tail still gets its tile
+    assert FI074.chunk_align == 1 and FI072.chunk_align == 128
+
+
+def test_a_chunk_too_short_for_the_full_tile_is_refused_where_starts_do_not_matter():
+    rules = Rules(group=1, facts=FI074)
+    assert "at least 65" in chunk_size_error(64, 1, 1, min_piece=rules.min_tail)
+    assert chunk_size_error(65, 1, 1, min_piece=rules.min_tail) is None
+    assert chunk_end(0, 40, 2000, rules) == 0  # a memory-bound piece of 40 tokens would get the 64-row tile
+
+
+def test_the_tree_takes_what_prefill_reproduces():
+    prompt, up_to = 2000, 2100  # 100 generated tokens after a 2000-token prompt
+    assert published_len(up_to, prompt, RULES) == 1920  # 0.7.2: partial-tile rows and decoded rows out
+    assert published_len(up_to, prompt, Rules(facts=FI074)) == 2000  # 0.7.4: partial-tile rows reproduce
+    equal_rows = replace(FI074, decoded_rows_equal=True)
+    assert published_len(up_to, prompt, Rules(facts=equal_rows)) == 2100
+    assert published_len(up_to, prompt, Rules(group=4, page_size=64, facts=FI072)) == 1984  # lcm(32, 64)

@@ -15,7 +15,7 @@ import pytest
 from benchmarks import analysis, replay_determinism, scheduling, workload
 from sglang_chunk_align import releases
 from sglang_chunk_align.compat import installed_version, sglang_at_least
-from sglang_chunk_align.planning import FULL_TILE_ABOVE_ROWS
+from sglang_chunk_align.kernel_facts import installed_facts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(
@@ -87,7 +87,7 @@ def assert_whole_prompts_in_order(doc):
     for schedule in doc["schedules"]:
         donors = scheduling.donor_runs(schedule)
         position = {rid: sum(b - a for _, a, b in donors.get(rid, [])) for rid in requests}
-        riding = FULL_TILE_ABOVE_ROWS // groups[schedule["shape"]] if schedule["shape"] else 0
+        riding = installed_facts().full_tile_above_rows() // groups[schedule["shape"]] if schedule["shape"] else 0
         for step in schedule["steps"]:
             assert sum(e - s for _, s, e in step) <= schedule["chunk"] + riding  # the chunk budget binds
             for rid, s, e in step:
@@ -217,10 +217,11 @@ class TileRuleKernel(ExactKernel):
         qo_lens = (qo_indptr[1:] - qo_indptr[:-1]).long()
         kv_lens = (kv_indptr[1:] - kv_indptr[:-1]).long()
         g = self.shape.group
-        tile = analysis.cta_tile_q(int(qo_lens.sum()) * g // len(qo_lens), self.shape.head_dim)
+        facts = installed_facts()
+        tile = facts.cta_tile(int(qo_lens.sum()) * g // len(qo_lens), self.shape.head_dim)
         start = kv_lens - qo_lens
         skew = (tile / 64 + 4 * ((start * g) % tile != 0).float())[batch]
-        skew = torch.where(position < analysis.SHORT_KV_TOKENS, 0.0, skew)  # rows with a short causal KV
+        skew = torch.where(position < facts.short_kv_tokens, 0.0, skew)  # rows with a short causal KV
         return out + skew[:, None, None].to(out.dtype)
 
 

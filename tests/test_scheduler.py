@@ -134,10 +134,49 @@ def test_rules_take_the_grid_from_the_planned_heads_and_log_it(plugin, caplog):
         scheduler_alignment(lambda: flashinfer_backend(planned=(32, 8, 128)), chunk=128, state={"page_size": 16})
     assert prefill_hooks.rules_in_force == Rules(group=4, head_dim=128, page_size=16)
     assert (
-        "grid rules on: 32-token grid, pieces over 16 tokens (GQA group 4, head_dim 128, page 16), "
+        "grid rules on: 32-token grid, pieces over 16 tokens (GQA group 4, head_dim 128, page 16; "
+        "flashinfer 0.7.2 kernel facts, measured: chunk starts on 128-row q-tiles), "
         "from FlashInferAttnBackend.indices_updater_prefill: 32 q / 8 KV heads, head_dim 128"
     ) in caplog.text
     assert "WARNING" not in caplog.text  # chunk 128 is exact: its short final pieces ride along
+
+
+@pytest.fixture
+def flashinfer_release(monkeypatch):
+    """Make the plugin take the kernel facts of the flashinfer release named, as if installed."""
+    from sglang_chunk_align import kernel_facts
+
+    def use(version):
+        monkeypatch.setattr(kernel_facts, "installed_flashinfer", lambda: version)
+        kernel_facts.installed_facts.cache_clear()
+
+    yield use
+    kernel_facts.installed_facts.cache_clear()  # monkeypatch restores the real release after this
+
+
+@needs_grid_rules
+def test_the_installed_flashinfer_sets_the_alignment_and_the_rules(plugin, flashinfer_release, caplog):
+    """0.7.4: chunk starts anywhere are exact, so the backend declares 1, a chunk of 192 is accepted
+    and the grid is the page; a chunk too short for the full tile is still refused."""
+    flashinfer_release("0.7.4")
+    planned = lambda: flashinfer_backend(planned=(32, 8, 128))  # noqa: E731
+    with caplog.at_level("INFO", logger="sglang_chunk_align"):
+        assert scheduler_alignment(planned, chunk=192) == 1
+    assert (prefill_hooks.rules_in_force.grid, prefill_hooks.rules_in_force.min_tail) == (1, 17)
+    assert "aligned to 1 tokens" in caplog.text and "flashinfer 0.7.4 kernel facts, measured" in caplog.text
+    with pytest.raises(ValueError, match="at least 17"):
+        scheduler_alignment(planned, chunk=16)
+
+
+@needs_grid_rules
+def test_an_unmeasured_flashinfer_gets_the_strictest_facts_and_one_warning(plugin, flashinfer_release, caplog):
+    flashinfer_release("0.7.9")
+    with caplog.at_level("WARNING", logger="sglang_chunk_align"):
+        assert scheduler_alignment(chunk=256) == 128
+        with pytest.raises(ValueError, match="not a multiple of 128"):
+            scheduler_alignment(chunk=192)
+    warnings = [r.getMessage() for r in caplog.records if "flashinfer 0.7.9" in r.getMessage()]
+    assert len(warnings) == 1 and "sglang-chunk-align probe" in warnings[0]
 
 
 @needs_grid_rules

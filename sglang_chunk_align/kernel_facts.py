@@ -1,0 +1,188 @@
+"""fa2's kernel facts per flashinfer release: what the grid rules rest on, with where each was measured.
+
+The rules (planning.py), the alignment the deterministic FlashInferAttnBackend
+declares (backends.py), the startup refusal, the radix tree's cut
+(planning.published_len) and `sglang-chunk-align probe` all read one entry of
+FACTS, so a flashinfer release that changes how fa2 tiles a prefill changes
+the rules in one place. Each fact was measured with fa2 paged prefill planned
+as SGLang's deterministic backend plans it (bf16, page size 1,
+fixed_split_size, causal); the recorded runs are in tests/gpu/evidence and
+benchmarks/logs. A flashinfer release with no entry gets STRICTEST (the
+strictest facts measured) and one WARNING that names it and says how to
+measure it.
+
+Plain data and small functions, no imports beyond the standard library: the
+plugin loads in every SGLang process, and installed_facts() runs once per
+process, where a scheduler or the CLI first asks.
+"""
+
+import functools
+import logging
+from dataclasses import dataclass, replace
+
+logger = logging.getLogger("sglang_chunk_align")
+
+# The command that measures the installed flashinfer; the WARNING for an unmeasured release names it.
+PROBE_COMMAND = "sglang-chunk-align probe"
+
+
+@dataclass(frozen=True)
+class KernelFacts:
+    """How fa2 prefill behaves on one flashinfer release, in packed rows (tokens x GQA group)."""
+
+    flashinfer: str
+    # Chunk starts must lie on multiples of this many packed rows (fa2's 128-row q-tile; where
+    # fa2's own tile is smaller, as at head_dim 256, a start on that tile is exact too); None:
+    # a start anywhere is exact.
+    grid_rows: object
+    # The rows of a prompt's partial final q-tile equal the same rows of a longer prompt's solo
+    # prefill, where that tile is full. False: they can differ (data-dependent), so the radix
+    # tree must not take them.
+    partial_tile_rows_equal: bool
+    # A decode step gives a position the row its prompt's solo prefill gives it. False: the
+    # radix tree must not take generated tokens' KV.
+    decoded_rows_equal: bool
+    measured: bool = True  # False: a stand-in (STRICTEST) for a release nobody measured
+    # FA2DetermineCtaTileQ (include/flashinfer/utils.cuh, the same in 0.7.2 and 0.7.4), per
+    # head_dim class: (head_dim at least, ((more packed rows than, tile), ...), smallest tile).
+    # A batch's tile is the first whose threshold its integer average packed q length exceeds.
+    # Measured at head_dim 128 and 256; 512 (VO-split: 32 rows above 32, else 16) is read from
+    # the source only, until `sglang-chunk-align probe --head-dim 512` measures it. Without the
+    # 256 row, head_dim 256 would be held to the stricter uncapped class.
+    tile_classes: tuple = ((0, ((64, 128), (16, 64)), 16), (256, ((16, 64),), 16), (512, ((32, 32),), 16))
+    # A batch member whose causal KV is at most this many tokens gets the same rows on any tile,
+    # at a head_dim below SHORT_KV_BELOW_HEAD_DIM (not at 256).
+    short_kv_tokens: int = 32
+    short_kv_below_head_dim: int = 256
+    # (fact, shapes measured, recorded run in this repository), for doctor, probe and the README.
+    evidence: tuple = ()
+
+    def cta_tile(self, packed_rows, head_dim=None):
+        """The CTA q-tile fa2 picks for a batch whose average packed q length is `packed_rows`.
+
+        head_dim None (unknown): the tuple of every head_dim class's tile, so
+        two batches compare equal only where they get the same tile at every
+        head_dim (512's thresholds are not a coarsening of 128's).
+        """
+        if head_dim is None:
+            return tuple(self._tile(packed_rows, cls) for cls in self.tile_classes)
+        return self._tile(packed_rows, max(cls for cls in self.tile_classes if cls[0] <= head_dim))
+
+    @staticmethod
+    def _tile(packed_rows, tile_class):
+        _, thresholds, smallest = tile_class
+        return next((tile for above, tile in thresholds if packed_rows > above), smallest)
+
+    def full_tile_above_rows(self, head_dim=None):
+        """An extend of more than this many packed rows gets the largest tile at `head_dim`
+        (at every head_dim where unknown)."""
+        largest = self.cta_tile(1 << 30, head_dim)
+        thresholds = {above for _, rows, _ in self.tile_classes for above, _ in rows} | {0}
+        return min(above for above in thresholds if self.cta_tile(above + 1, head_dim) == largest)
+
+    @property
+    def chunk_align(self):
+        """Tokens; what the deterministic FlashInferAttnBackend declares as prefill_chunk_align: the
+        grid at GQA group 1 (128 rows are 128 tokens, on the grid at every group), or 1 where starts
+        do not matter."""
+        return self.grid_rows or 1
+
+    def exempt_kv(self, head_dim):
+        """Members whose KV is at most this many tokens may run on any tile (0: none)."""
+        known_small = head_dim is not None and head_dim < self.short_kv_below_head_dim
+        return self.short_kv_tokens if known_small else 0
+
+    def describe(self):
+        """One line: the release, whether measured, and the grid, for doctor, plan and the log line."""
+        grid = f"chunk starts on {self.grid_rows}-row q-tiles" if self.grid_rows else "chunk starts anywhere"
+        status = "measured" if self.measured else f"NOT measured, the strictest measured facts (run {PROBE_COMMAND})"
+        return f"flashinfer {self.flashinfer} kernel facts, {status}: {grid}"
+
+
+_FI072_SHAPES = "GQA groups 1, 2, 4, 8 at head_dim 128 and 256 (q/KV heads 32/32, 32/16, 32/8, 64/8, 16/8, 32/4)"
+
+# flashinfer 0.7.2 (SGLang 0.5.23's pin), H200, torch 2.11, 2026-11-29/30.
+FI072 = KernelFacts(
+    flashinfer="0.7.2",
+    grid_rows=128,
+    partial_tile_rows_equal=False,
+    decoded_rows_equal=False,
+    evidence=(
+        ("starts on the 128-row grid exact, off it not (100, 129, 200, 1000 tokens)", _FI072_SHAPES,
+         "tests/gpu/evidence/fa2_probe_h200_fi072.json"),
+        ("tile thresholds 64/16 rows; a final piece or thin batch on a smaller tile is not exact; "
+         "KV of at most 32 tokens exact on any tile at head_dim 128, not at 256",
+         "GQA 4 head_dim 128 (16 vs 17 tokens), co-batching at groups 1, 4, 8",
+         "tests/gpu/evidence/fa2_beyond_h200_fi072.json"),
+        ("tile capped at 64 rows at head_dim 256 (1000-token starts exact at GQA 8: an 8-token tile)",
+         "GQA 1, 2, 4, 8 at head_dim 256", "tests/gpu/logs/h200_flashinfer072_pytest.log"),
+        ("the same cap in the replay's predictions: every plugin configuration exact as predicted; 2 "
+         "requests predicted clear were inexact (stock-split-128 and upstream-128, page 16, radix on, "
+         "unexplained)", "GQA 2 at head_dim 256, mixed and chat workloads", "benchmarks/results_h200.json"),
+        ("rows of a partial final q-tile can differ from a longer prompt's (data-dependent)",
+         "GQA 1 head_dim 128, chat workload", "benchmarks/logs/h200_probe_inherited_rows.log"),
+        ("decoded rows differ from the solo prefill's (192 of 192)", "GQA 1, 4, 8 at 128, GQA 2 at 256",
+         "benchmarks/logs/h200_probe_decode_rows.log"),
+    ),
+)
+
+# flashinfer 0.7.4, same machine and probe, 2026-12-01. Decoded rows were not measured: 0.7.2's
+# (strict) fact stands.
+FI074 = KernelFacts(
+    flashinfer="0.7.4",
+    grid_rows=None,
+    partial_tile_rows_equal=True,
+    decoded_rows_equal=False,
+    evidence=(
+        ("starts anywhere exact (uniform 100, 129, 200, 1000 tokens, a radix hit at 1000; split 4096 "
+         "and 1024); so are the rows of each chunk's partial final q-tile", "GQA groups 1, 4, 8 at "
+         "head_dim 128, GQA 2 at 256", "tests/gpu/evidence/fa2_probe_h200_fi074.json"),
+        ("final pieces of 4, 6, 16 tokens and a chunk with 15 one-token extends not exact (tile as 0.7.2)",
+         "GQA 4 head_dim 128", "tests/gpu/evidence/fa2_probe_h200_fi074.json"),
+        ("decoded rows: not measured on 0.7.4 (0.7.2's fact kept)", "", ""),
+    ),
+)
+
+FACTS = {facts.flashinfer: facts for facts in (FI072, FI074)}
+
+# What an unmeasured release gets: every fact at its strictest measured value.
+STRICTEST = KernelFacts(
+    flashinfer="unmeasured",
+    grid_rows=max(f.grid_rows or 0 for f in FACTS.values()) or None,
+    partial_tile_rows_equal=all(f.partial_tile_rows_equal for f in FACTS.values()),
+    decoded_rows_equal=all(f.decoded_rows_equal for f in FACTS.values()),
+    measured=False,
+)
+
+
+def facts_for(version):
+    """The facts of flashinfer `version` (a release string, or None: not installed), and the
+    WARNING to log where nobody measured it (None where measured)."""
+    if version in FACTS:
+        return FACTS[version], None
+    name = f"flashinfer {version}" if version else "no flashinfer installed"
+    warning = (
+        f"sglang-chunk-align: {name}: its fa2 kernel facts were not measured, so the grid rules take "
+        f"the strictest measured ones (flashinfer {', '.join(FACTS)}); run `{PROBE_COMMAND}` on a GPU "
+        "to measure them."
+    )
+    return replace(STRICTEST, flashinfer=version or "none"), warning
+
+
+def installed_flashinfer():
+    """The installed flashinfer-python release, or None; read from its metadata, not imported."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("flashinfer-python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def installed_facts():
+    """The facts of the installed flashinfer, once per process; an unmeasured one warns once."""
+    facts, warning = facts_for(installed_flashinfer())
+    if warning:
+        logger.warning(warning)
+    return facts

@@ -1,0 +1,110 @@
+"""The probe's verdict logic on the recorded H200 runs: each release's facts predict its own
+measurements, and not the other release's (so the verdict is sensitive). No GPU, no flashinfer:
+the measurements are the recorded ones (tests/gpu/evidence)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from sglang_chunk_align import probe
+from sglang_chunk_align.kernel_facts import FI072, FI074, STRICTEST, facts_for
+
+EVIDENCE = pathlib.Path(__file__).parent / "gpu" / "evidence"
+
+
+def recorded(flashinfer):
+    """The fixed-split results of fa2_probe_h200_fi0XX.json as probe results (its bounds are the
+    chunk starts, uniform ones elided after 12; split None is not a deterministic plan)."""
+    doc = json.loads((EVIDENCE / f"fa2_probe_h200_fi{flashinfer.replace('.', '')}.json").read_text())
+    assert doc["flashinfer"] == flashinfer
+    results = []
+    for r in doc["results"]:
+        if r["split"] is None:
+            continue
+        starts = r["bounds"]
+        if "..." in starts:
+            starts = list(range(0, r["L"], starts[1]))
+        case = probe.Case("tiles", r["name"], r["L"], (*starts, r["L"]), r["split"], extra=r["extra_1tok"])
+        results.append({"case": vars(case), "group": r["group"], "head_dim": r["d"], "exact": r["exact"],
+                        "n_bad_rows": r["n_bad_rows"], "max_abs": r["max_abs"]})
+    return results
+
+
+@pytest.mark.parametrize("facts", [FI072, FI074], ids=lambda f: f.flashinfer)
+def test_each_release_facts_predict_its_recorded_run(facts):
+    checked = probe.verdicts(facts, recorded(facts.flashinfer))
+    assert len(checked) > 40
+    assert [r["case"]["name"] for r in checked if not r["holds"]] == []
+    assert probe.summary(facts, checked)[1] == probe.HOLD
+
+
+def test_the_other_release_facts_do_not_hold():
+    """0.7.2's grid fact is refuted by 0.7.4's off-grid starts, and 0.7.4's by 0.7.2's: exit 1."""
+    on_074 = probe.verdicts(FI072, recorded("0.7.4"))
+    assert {r["case"]["name"] for r in on_074 if not r["holds"]} == {
+        "uniform100", "uniform200", "uniform1000", "uniform129", "radix_hit_1000", "cfg_uniform100", "cfg_uniform1000"}
+    assert all(r["exact"] and r["expected"] == probe.INEXACT for r in on_074 if not r["holds"])
+    assert probe.summary(FI072, on_074)[1] == probe.DO_NOT_HOLD
+    on_072 = probe.verdicts(FI074, recorded("0.7.2"))
+    assert {r["case"]["name"] for r in on_072 if not r["holds"]} >= {"uniform100", "radix_hit_1000"}
+    assert "the table's facts for flashinfer 0.7.4 do NOT hold here" in probe.format_report(FI074, on_072)
+
+
+def test_data_dependent_facts_are_refuted_only_where_the_table_says_equal():
+    case = probe.Case("partial_tile_rows", "rows of a 1042-token prompt", 2500, (0, 1042), 4096, rows=1042)
+    differ = [{"case": vars(case), "group": 1, "head_dim": 128, "exact": False, "n_bad_rows": 2, "max_abs": 1e-3}]
+    assert probe.verdicts(FI072, differ)[0]["holds"]  # 0.7.2: rows *can* differ
+    assert not probe.verdicts(FI074, differ)[0]["holds"]  # 0.7.4 says they are equal
+
+
+def test_an_error_is_not_a_measurement():
+    case = probe.cases(1)[1]
+    failed = [{"case": vars(case), "group": 1, "head_dim": 512, "error": "RuntimeError: head_dim 512"}]
+    checked = probe.verdicts(FI074, failed)
+    assert not checked[0]["holds"] and "RuntimeError: head_dim 512" in probe.format_report(FI074, checked)
+
+
+def test_every_case_runs_on_each_shape_and_spans_the_thresholds():
+    found = probe.cases(4)
+    assert len({(c.name, c.split) for c in found}) == len(found)
+    # the final pieces straddle 16, 32 and 64 packed rows at group 4: 4, 6, 12, 16 and 18 tokens
+    assert [c.prompt_len - 1024 for c in probe.cases(4) if c.name.startswith("final piece")] == [4, 6, 12, 16, 18]
+    assert [c.fact for c in probe.cases(1, decode=False)].count("decoded_rows") == 0
+
+
+def test_unmeasured_release_is_checked_against_the_strictest_facts():
+    facts, warning = facts_for("0.7.9")
+    assert (facts.grid_rows, facts.measured) == (STRICTEST.grid_rows, False) == (128, False)
+    assert "flashinfer 0.7.9" in warning and "sglang-chunk-align probe" in warning
+
+
+def test_model_config_gives_the_shapes(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512}}))
+    assert probe.shapes_from_model(tmp_path) == ([4], [256, 512])
+
+
+def test_without_a_gpu_it_exits_2_with_one_line():
+    run = subprocess.run([sys.executable, "-m", "sglang_chunk_align.probe"], capture_output=True, text=True)
+    assert run.returncode == probe.CANNOT_MEASURE == 2
+    assert run.stderr.count("\n") == 1 and "cannot measure here" in run.stderr
+
+
+def test_a_start_on_fa2s_own_smaller_tile_is_exact():
+    """At head_dim 256 fa2's tile is 64 rows, so 1000 tokens at GQA 8 (8000 rows) start on it:
+    exact on 0.7.2 (tests/gpu/logs/h200_flashinfer072_pytest.log, test_fa2_finer_grid_is_exact_too)."""
+    uniform1000 = next(c for c in probe.cases(8) if c.name == "uniform1000")
+    assert probe.expectation(FI072, 8, 256, uniform1000) == probe.EXACT
+    assert probe.expectation(FI072, 4, 256, uniform1000) == probe.INEXACT  # 4000 rows: off the 64-row tile
+    assert probe.expectation(FI072, 8, 128, uniform1000) == probe.INEXACT
+
+
+def test_every_measured_fact_cites_a_recorded_run_in_the_repository():
+    root = pathlib.Path(__file__).parent.parent
+    for facts in (FI072, FI074):
+        sources = [source for _, _, source in facts.evidence if source]
+        assert sources and all((root / source).is_file() for source in sources), facts.flashinfer
+        assert all(not source.startswith(("/", "..")) for source in sources)
