@@ -161,6 +161,19 @@ def test_plan_command_refuses_what_the_scheduler_refuses(chunk):
     assert "usage: sglang-chunk-align plan" in result.stderr
 
 
+def test_plan_command_shows_the_rules_of_a_flashinfer_release_not_installed():
+    """0.7.4's facts: chunk 192 accepted, the radix hit reused whole (chunk starts anywhere are
+    exact there); an unmeasured release: the strictest facts, one WARNING, 192 refused."""
+    args = ("plan", "--prompt-len", "2500", "--cached", "1000", "--chunk", "192", "--group", "4")
+    result = _cli(*args, "--flashinfer", "0.7.4", "--json")
+    assert result.returncode == 0, result.stderr
+    chunks = json.loads(result.stdout)["sglang-chunk-align"]
+    assert [c["start"] for c in chunks[:2]] == [1000, 1192] and not any(c["hazards"] for c in chunks)
+    unmeasured = _cli(*args, "--flashinfer", "0.7.9")
+    assert unmeasured.returncode == 2 and "not a multiple of 128" in unmeasured.stderr
+    assert unmeasured.stderr.count("flashinfer 0.7.9: its fa2 kernel facts were not measured") == 1
+
+
 @pytest.mark.parametrize(
     "args, bad",
     [

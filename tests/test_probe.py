@@ -87,8 +87,9 @@ def test_model_config_gives_the_shapes(tmp_path):
     assert probe.shapes_from_model(tmp_path) == ([4], [256, 512])
 
 
-def test_without_a_gpu_it_exits_2_with_one_line():
-    run = subprocess.run([sys.executable, "-m", "sglang_chunk_align.probe"], capture_output=True, text=True)
+@pytest.mark.parametrize("command", [["sglang_chunk_align.probe"], ["sglang_chunk_align.cli", "probe", "--group", "4"]])
+def test_without_a_gpu_it_exits_2_with_one_line(command):
+    run = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True)
     assert run.returncode == probe.CANNOT_MEASURE == 2
     assert run.stderr.count("\n") == 1 and "cannot measure here" in run.stderr
 

@@ -243,3 +243,23 @@ def test_replay_measures_what_the_tile_rule_predicts(doc):
         assert row["exact_pct"] == row["predicted_exact_pct"], row
     assert any(r["inherited_rows_mismatched"] for r in checked if r["radix"])
     assert any(r["exact_pct"] < 100 for r in checked)
+
+
+def test_flashinfer_074_facts_schedule_chunk_192_off_the_grid_and_every_request_clear():
+    """Planned with flashinfer 0.7.4's facts (starts anywhere exact), SGLang's PrefillAdder runs
+    chunk 192, which 0.7.2's facts refuse: radix hits and cuts leave the 128 grid, and the
+    predictor finds no hazard with 0.7.4's facts while 0.7.2's flag the off-grid starts."""
+    from sglang_chunk_align.kernel_facts import FI072, FI074, facts_for, installed_flashinfer
+
+    shape = workload.SHAPES[0]
+    doc = scheduling.schedule_workload(
+        workload.SMALL_WORKLOAD, workload.OFF_GRID_CHUNK_CONFIGS[:1], radix_modes=(True,), shapes=(shape,),
+        flashinfer="0.7.4",
+    )
+    assert doc["meta"]["flashinfer_facts"] == "0.7.4"
+    assert installed_facts() == facts_for(installed_flashinfer())[0]  # the installed release's facts are back
+    [schedule] = doc["schedules"]
+    assert (schedule["chunk"], schedule["truncation_align_size"]) == (192, 1)
+    requests = scheduling.load_requests(doc)
+    assert not any(analysis.predict_hazards(schedule, requests, shape, FI074).values())
+    assert any("off-grid" in h for h in analysis.predict_hazards(schedule, requests, shape, FI072).values())
