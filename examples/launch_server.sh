@@ -2,7 +2,8 @@
 # Launch SGLang with deterministic flashinfer and small prefill chunks, through the plugin.
 #   examples/launch_server.sh                 # chunked server, 256-token chunks, port 30000
 #   CHUNK=-1 PORT=30001 examples/launch_server.sh   # unchunked reference server
-# Extra arguments go to sglang.launch_server (e.g. --tp 2 --mem-fraction-static 0.4).
+# Extra arguments go to `sglang serve` (e.g. --tp 2 --mem-fraction-static 0.4), the entry point
+# SGLang recommends; every release the plugin supports (0.5.12 to 0.5.23) has it.
 set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen3-8B}
 PORT=${PORT:-30000}
@@ -14,7 +15,7 @@ case ",${PLUGINS// /}," in
   *) PLUGINS="${PLUGINS:+$PLUGINS,}chunk_align" ;;
 esac
 export SGLANG_PLUGINS=$PLUGINS
-exec python -m sglang.launch_server \
+exec sglang serve \
   --model-path "$MODEL" --port "$PORT" \
   --attention-backend flashinfer --enable-deterministic-inference \
   --chunked-prefill-size "$CHUNK" "$@"

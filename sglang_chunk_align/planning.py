@@ -40,6 +40,32 @@ FULL_TILE_ABOVE_ROWS = 64
 # How chunk_end treats a final piece too short for the full tile that no earlier cut can merge.
 KEEP, WAIT, RIDE = "keep", "wait", "ride"
 
+# The model shapes the kernel facts above were measured at, with flashinfer 0.7.2 on an H200
+# (tests/gpu/README.md; groups 3, 5, 7 and head_dim 64 in a replay); head_dim 512 was not.
+# Elsewhere the rules are the same arithmetic, but nothing checked that fa2 follows it there.
+MEASURED_GROUPS = (1, 2, 3, 4, 5, 7, 8)
+MEASURED_HEAD_DIMS = (64, 128, 256)
+MEASURED_SHAPES = (
+    f"GQA groups {', '.join(map(str, MEASURED_GROUPS))} and head_dim "
+    f"{', '.join(map(str, MEASURED_HEAD_DIMS))} (flashinfer 0.7.2 on an H200)"
+)
+
+
+def shape_coverage(group, head_dim):
+    """A warning when the kernel facts were not measured at this GQA group or head_dim, else None.
+
+    An unknown head_dim (None) gets none: the rules then assume the strictest one (no short-KV
+    exemption)."""
+    unmeasured = [f"GQA group {group}"] if group not in MEASURED_GROUPS else []
+    if head_dim is not None and head_dim not in MEASURED_HEAD_DIMS:
+        unmeasured.append(f"head_dim {head_dim}")
+    if not unmeasured:
+        return None
+    return (
+        f"{' and '.join(unmeasured)}: not measured; the kernel facts cover {MEASURED_SHAPES}, "
+        "so bit-exactness here is the rules' arithmetic, unchecked on a GPU"
+    )
+
 
 def q_tile_grid(group):
     """fa2's q-tile grid in tokens: 128 packed rows hold 128/group tokens."""
@@ -142,14 +168,18 @@ class Chunk:
 def plan(prompt_len, cached, chunk, rules, aligned=True):
     """The chunks of one request prefilled alone: with the plugin's rules, or
     (aligned=False) as SGLang's length alignment cuts them. `chunk` is at least
-    the 128-token alignment (cli checks it), so every extend is non-empty."""
+    the 128-token alignment (cli checks it), so every extend is non-empty; None
+    is chunked prefill off (what the scheduler makes of a size <= 0): one piece
+    from the reused prefix to the end."""
     if aligned:
         start = usable_prefix(cached, prompt_len, rules)
     else:
         start = min(cached, prompt_len - 1)
     chunks = []
     while start < prompt_len:
-        if aligned:
+        if chunk is None:
+            end = prompt_len
+        elif aligned:
             end = chunk_end(start, chunk, prompt_len, rules, short_tail=RIDE)
         else:
             end = min(prompt_len, start + chunk // PREFILL_Q_TILE_TOKENS * PREFILL_Q_TILE_TOKENS)

@@ -72,6 +72,21 @@ def fresh_python():
     return _run_python
 
 
+@pytest.fixture
+def reported_once():
+    """reported_once(stderr, problem, remedy) checks how a failed load reads: SGLang's loader logs
+    what load() raises, with a traceback, so load() raises nothing and the problem is one ERROR
+    line, with its remedy."""
+
+    def check(stderr, problem, remedy):
+        assert stderr.count("sglang-chunk-align FAILED: ") == 1, stderr[-3000:]
+        failed = next(line for line in stderr.splitlines() if "sglang-chunk-align FAILED: " in line)
+        assert problem in failed and remedy in failed, failed
+        assert "Failed to execute general plugin" not in stderr and "ChunkAlignError" not in stderr, stderr[-3000:]
+
+    return check
+
+
 def pytest_sessionfinish(session, exitstatus):
     """A run in which every test skipped checked nothing: fail it rather than pass, so CI cannot
     pass vacuously. Only a run that ran tests counts: `--collect-only` (how editors and CI tools
