@@ -35,7 +35,7 @@ from .compat import (
 )
 
 RULES_OFF = f"off ({RULES_ENV}=0)"
-# plan lists every chunk: 10M tokens is 78,125 chunks of 128 (a second), and as long as the longest
+# plan lists every chunk: 10M tokens is 78,125 chunks of 128 (about 2 s of CPU), as long as the longest
 # contexts models offer. Without a bound a typo such as 10**12 hangs it, growing memory.
 MAX_PLAN_PROMPT_LEN = 10_000_000
 # Where each scheduler takes its grid from (backends.flashinfer_q_tile_geometry); its log line names the grid.
