@@ -30,6 +30,7 @@ from .compat import (
     check_switches,
     installed_version,
     sglang_at_least,
+    sglang_missing,
     switch_refusals,
     switch_values,
 )
@@ -154,15 +155,18 @@ def run_doctor():
         "patch_points": [],
         "backends": {},
     }
+    if version is None:  # said whatever else is wrong: a bad switch would hide it below
+        report["problems"].append(str(sglang_missing()))
     try:
         report["problems"] += switch_refusals(check_switches(), version)
-        warning = check_sglang_version(version)
-        if warning:
-            report["warnings"].append(warning)
-        patches.apply(now=True)  # every point, imported by SGLang yet or not
+        if version is not None:  # without SGLang the patch points mean nothing
+            warning = check_sglang_version(version)
+            if warning:
+                report["warnings"].append(warning)
+            patches.apply(now=True)  # every point, imported by SGLang yet or not
     except ChunkAlignError as error:
         report["problems"].append(str(error))
-    if version is not None:  # without SGLang the patch points mean nothing
+    if version is not None:
         _check_release(report, version)
     report["ok"] = not report["problems"]
     return report

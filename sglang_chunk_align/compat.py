@@ -170,12 +170,7 @@ def check_sglang_version(version):
     """
     override = check_switches()[ALLOW_UNTESTED_ENV]  # every switch is validated, needed or not
     if version is None:
-        install = f"pip install 'sglang{SUPPORTED_SGLANG}'"
-        raise ChunkAlignError(
-            f"SGLang is not installed: install a supported release, {install} "
-            f"(the newest, sglang=={releases.NEWEST}, needs Python 3.11 or newer).",
-            remedy=f"Install SGLang: {install}.",
-        )
+        raise sglang_missing()
     if admits(SUPPORTED_SGLANG, version):
         return None
     if version < _lowest_supported():
@@ -193,6 +188,16 @@ def check_sglang_version(version):
         f"SGLang {version} is newer than the tested range ({SUPPORTED_SGLANG}). "
         f"Upgrade sglang-chunk-align, or set {ALLOW_UNTESTED_ENV}=1 to try it.",
         remedy=f"Upgrade sglang-chunk-align, set {ALLOW_UNTESTED_ENV}=1, or drop chunk_align from SGLANG_PLUGINS.",
+    )
+
+
+def sglang_missing():
+    """The error for an environment without SGLang: it names the releases to install."""
+    install = f"pip install 'sglang{SUPPORTED_SGLANG}'"
+    return ChunkAlignError(
+        f"SGLang is not installed: install a supported release, {install} "
+        f"(the newest, sglang=={releases.NEWEST}, needs Python 3.11 or newer).",
+        remedy=f"Install SGLang: {install}.",
     )
 
 

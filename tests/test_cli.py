@@ -148,6 +148,14 @@ def test_doctor_without_sglang_says_so_once(fresh_python):
     assert "WARNING" not in result.stdout
 
 
+def test_doctor_without_sglang_and_with_a_bad_switch_names_both(fresh_python):
+    result = fresh_python(HIDE.format(ray=False), SGLANG_CHUNK_ALIGN_RULES="yes")
+    assert result.returncode == 1, result.stderr[-2000:]
+    problems = [line for line in result.stdout.splitlines() if line.startswith("PROBLEM: ")]
+    assert len(problems) == 2 and problems[0].startswith("PROBLEM: SGLang is not installed: install a supported")
+    assert problems[1] == "PROBLEM: SGLANG_CHUNK_ALIGN_RULES='yes' is not valid: use 1 or 0 (unset means 1)."
+
+
 def test_doctor_warns_that_ray_schedulers_do_not_load_the_plugin(fresh_python):
     result = fresh_python(HIDE.format(ray=True))
     assert "WARNING: Ray is installed: SGLang's Ray scheduler actors" in result.stdout
