@@ -3,7 +3,8 @@
 #   examples/launch_server.sh                 # chunked server, 256-token chunks, port 30000
 #   CHUNK=-1 PORT=30001 examples/launch_server.sh   # unchunked reference server
 #   sglang-chunk-align verify --server http://127.0.0.1:30000 --reference http://127.0.0.1:30001
-# Extra arguments go to sglang.launch_server (e.g. --tp 2 --mem-fraction-static 0.4).
+# Extra arguments go to `sglang serve` (e.g. --tp 2 --mem-fraction-static 0.4), the entry point
+# SGLang recommends; every release the plugin supports (0.5.12 to 0.5.23) has it.
 set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen3-8B}
 PORT=${PORT:-30000}
@@ -15,7 +16,7 @@ case ",${PLUGINS// /}," in
   *) PLUGINS="${PLUGINS:+$PLUGINS,}chunk_align" ;;
 esac
 export SGLANG_PLUGINS=$PLUGINS
-exec python -m sglang.launch_server \
+exec sglang serve \
   --model-path "$MODEL" --port "$PORT" \
   --attention-backend flashinfer --enable-deterministic-inference \
   --chunked-prefill-size "$CHUNK" "$@"

@@ -19,9 +19,9 @@ import sys
 from importlib import metadata
 
 from . import patches, prefill_hooks, probe, releases, standins, verify
-from .planning import Rules, plan
+from .planning import Rules, plan, shape_coverage
 from .alignment import chunk_size_error
-from .kernel_facts import facts_for, installed_facts, installed_flashinfer
+from .kernel_facts import MEASURED_SHAPES, facts_for, installed_facts, installed_flashinfer
 from .compat import (
     RADIX_OPT_IN_NEEDS,
     RULES_ENV,
@@ -32,9 +32,15 @@ from .compat import (
     check_switches,
     installed_version,
     sglang_at_least,
+    sglang_missing,
+    switch_refusals,
+    switch_values,
 )
 
 RULES_OFF = f"off ({RULES_ENV}=0)"
+# plan lists every chunk: 10M tokens is 78,125 chunks of 128 (about 2 s of CPU), as long as the longest
+# contexts models offer. Without a bound a typo such as 10**12 hangs it, growing memory.
+MAX_PLAN_PROMPT_LEN = 10_000_000
 # Where each scheduler takes its grid from (backends.flashinfer_q_tile_geometry); its log line names the grid.
 GRID_SOURCE = (
     "{grid}, the group and head_dim read at scheduler start from "
@@ -55,9 +61,13 @@ def main(argv=None):
     doctor = commands.add_parser("doctor", help="check the installed SGLang and the patch points")
     doctor.add_argument("--json", action="store_true", help="print a JSON report")
     planner = commands.add_parser("plan", help="show one request's chunks, upstream and with the plugin")
-    planner.add_argument("--prompt-len", type=_at_least(1), required=True, help="prompt length in tokens")
+    planner.add_argument(
+        "--prompt-len", type=_at_least(1, MAX_PLAN_PROMPT_LEN), required=True, help="prompt length in tokens"
+    )
     planner.add_argument("--cached", type=_at_least(0), default=0, help="radix-cache hit length in tokens")
-    planner.add_argument("--chunk", type=_at_least(1), required=True, help="per-rank --chunked-prefill-size")
+    planner.add_argument(
+        "--chunk", type=_chunk_size, required=True, help="per-rank --chunked-prefill-size (-1 or 0: chunked prefill off)"
+    )
     planner.add_argument("--group", type=_at_least(1), default=1, help="GQA group (q heads per KV head)")
     planner.add_argument("--head-dim", type=_at_least(1), help="model head_dim (below 256 exempts very short KV)")
     planner.add_argument(
@@ -80,19 +90,28 @@ def main(argv=None):
     return 0 if report["ok"] else 1
 
 
-def _at_least(lowest):
-    """An argparse type: an integer >= lowest, so each bad argument is named on its own."""
+def _at_least(lowest, highest=None):
+    """An argparse type: an integer, >= lowest and <= highest where given, so each bad argument is named on its own."""
 
     def parse(text):
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < lowest:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {lowest}")
+        if value is None or lowest is not None and value < lowest:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer" + (f" >= {lowest}" if lowest is not None else ""))
+        if highest is not None and value > highest:
+            raise argparse.ArgumentTypeError(f"{text!r} is above {highest}, the longest prompt plan lists")
         return value
 
     return parse
+
+
+def _chunk_size(text):
+    """An argparse type: like the scheduler (Scheduler.init_chunked_prefill), a size <= 0 turns
+    chunked prefill off (None); run_plan refuses what the scheduler refuses, by the kernel facts."""
+    chunk = _at_least(None)(text)
+    return chunk if chunk > 0 else None
 
 
 def run_plan(planner, args):
@@ -114,10 +133,18 @@ def run_plan(planner, args):
         "upstream length alignment": plan(args.prompt_len, args.cached, args.chunk, rules, aligned=False),
         "sglang-chunk-align": plan(args.prompt_len, args.cached, args.chunk, rules),
     }
+    warnings = list(filter(None, [shape_coverage(args.group, args.head_dim)]))
     if args.json:
-        print(json.dumps({name: [vars(c) for c in chunks] for name, chunks in schedules.items()}, indent=2))
+        print(json.dumps(
+            {**{name: [vars(c) for c in chunks] for name, chunks in schedules.items()}, "warnings": warnings},
+            indent=2,
+        ))
     else:
-        print(facts.describe())
+        print(f"{facts.describe()}; measured at {MEASURED_SHAPES}")
+        for warning in warnings:
+            print(f"WARNING: {warning}")
+        if args.chunk is None:
+            print("chunked prefill off: one piece from the reused prefix to the end")
         for name, chunks in schedules.items():
             hazards = sum(bool(c.hazards) for c in chunks)
             print(f"{name}: {len(chunks)} chunk{'s' * (len(chunks) != 1)}, {hazards} with hazards")
@@ -131,7 +158,7 @@ def run_doctor():
     report = {
         "versions": {d: _dist_version(d) for d in ("sglang-chunk-align", "sglang", "flashinfer-python", "torch", "wrapt")},
         "supported_sglang": str(SUPPORTED_SGLANG),
-        "switches": {},
+        "switches": {name: value if isinstance(value, str) else int(value) for name, value in switch_values().items()},
         "grid_rules": None,
         "grid": None,
         "kernel_facts": None,
@@ -140,16 +167,20 @@ def run_doctor():
         "patch_points": [],
         "backends": {},
     }
+    if version is None:  # said whatever else is wrong: a bad switch would hide it below
+        report["problems"].append(str(sglang_missing()))
     try:
-        report["switches"] = {name: int(value) for name, value in check_switches().items()}
-        warning = check_sglang_version(version)
-        if warning:
-            report["warnings"].append(warning)
-        patches.apply(now=True)  # every point, imported by SGLang yet or not
+        report["problems"] += switch_refusals(check_switches(), version)
+        if version is not None:  # without SGLang the patch points mean nothing
+            warning = check_sglang_version(version)
+            if warning:
+                report["warnings"].append(warning)
+            patches.apply(now=True)  # every point, imported by SGLang yet or not
     except ChunkAlignError as error:
         report["problems"].append(str(error))
     facts = installed_facts()
-    report["kernel_facts"] = {"flashinfer": facts.flashinfer, "measured": facts.measured, "summary": facts.describe()}
+    report["kernel_facts"] = {"flashinfer": facts.flashinfer, "measured": facts.measured,
+                              "summary": facts.describe(), "shapes": MEASURED_SHAPES}
     if not facts.measured:
         report["warnings"].append(facts_for(installed_flashinfer())[1])
     if version is not None:  # without SGLang the patch points mean nothing
@@ -160,7 +191,7 @@ def run_doctor():
 
 def _check_release(report, version):
     """Each patch point's status and what the backends declare, on the installed release."""
-    rules_off = report["switches"].get(RULES_ENV) == 0
+    rules_off = report["switches"][RULES_ENV] == 0
     applied = patches.installed_names()
     release = patches.release_points(version)
     for point in patches.PATCH_POINTS:
@@ -226,11 +257,18 @@ def declared_alignments():
 
 
 def format_doctor(report):
+    """Problems first, right under the versions and switches they concern, so a user sees them
+    before the patch-point list; the verdict is repeated last."""
     lines = ["sglang-chunk-align doctor"]
     lines += [f"  {name:<20} {version or 'not installed'}" for name, version in report["versions"].items()]
     lines.append(f"  supported SGLang     {report['supported_sglang']}")
-    lines.append(f"  kernel facts         {report['kernel_facts']['summary']}")
-    lines += [f"  {name}={value}" for name, value in report["switches"].items()]
+    lines += [
+        f"  {name}={value!r} (invalid)" if isinstance(value, str) else f"  {name}={value}"
+        for name, value in report["switches"].items()
+    ]
+    facts = report["kernel_facts"]
+    lines.append(f"  kernel facts         {facts['summary']}; measured at {facts['shapes']}; plan --group --head-dim warns on others")
+    lines += [f"PROBLEM: {p}" for p in report["problems"]]
     if report["versions"]["sglang"] is None:
         lines.append("patch points: not checked (SGLang not installed)")
     else:
@@ -245,8 +283,7 @@ def format_doctor(report):
         lines.append("prefill_chunk_align under deterministic inference (wrappers around flashinfer):")
         lines += [f"  {name:<40} {value}" for name, value in report["backends"].items()]
     lines += [f"WARNING: {w}" for w in report["warnings"]]
-    lines += [f"PROBLEM: {p}" for p in report["problems"]]
-    lines.append("OK" if report["ok"] else "NOT OK")
+    lines.append("OK" if report["ok"] else f"NOT OK: {len(report['problems'])} PROBLEM line(s) above")
     return "\n".join(lines)
 
 

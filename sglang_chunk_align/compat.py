@@ -42,6 +42,13 @@ class ChunkAlignError(RuntimeError):
         if remedy is not None:
             self.remedy = remedy
 
+    def failure_report(self):
+        """The one ERROR line a failed load logs: the cause, what to do, and what happens meanwhile."""
+        return (
+            f"sglang-chunk-align FAILED: {self} {self.remedy} Deterministic flashinfer will refuse "
+            "to start while chunk_align is in SGLANG_PLUGINS."
+        )
+
 
 def installed_version(dist="sglang"):
     """The installed version of `dist`, or None when it is not installed."""
@@ -101,8 +108,24 @@ def env_flag(name, default):
     """A 0/1 environment switch; any other value is a ChunkAlignError."""
     raw = os.environ.get(name, "")
     if raw not in ("", "0", "1"):
-        raise ChunkAlignError(f"{name}={raw!r} is not valid: use 1 or 0 (unset means {int(default)}).")
+        raise ChunkAlignError(_invalid_switch(name, raw, default))
     return default if raw == "" else raw == "1"
+
+
+def _invalid_switch(name, raw, default):
+    return f"{name}={raw!r} is not valid: use 1 or 0 (unset means {int(default)})."
+
+
+def switch_values():
+    """Every switch's value (name -> bool), an invalid one's raw text (str) in its place: doctor
+    shows it next to the problem."""
+    values = {}
+    for name, default in SWITCHES.items():
+        try:
+            values[name] = env_flag(name, default)
+        except ChunkAlignError:
+            values[name] = os.environ[name]
+    return values
 
 
 def check_switches():
@@ -111,16 +134,32 @@ def check_switches():
     Called at load time (check_sglang_version, the first step of apply()),
     so a typo fails there rather than when the scheduler first reads it.
     """
-    values, errors = {}, []
-    for name, default in SWITCHES.items():
-        try:
-            values[name] = env_flag(name, default)
-        except ChunkAlignError as error:
-            errors.append(str(error))
-    if errors:
-        bad = ", ".join(name for name in SWITCHES if name not in values)
-        raise ChunkAlignError(" ".join(errors), remedy=f"Fix {bad} (1 or 0, or unset).")
+    values = switch_values()
+    bad = {name: raw for name, raw in values.items() if isinstance(raw, str)}
+    if bad:
+        raise ChunkAlignError(
+            " ".join(_invalid_switch(name, raw, SWITCHES[name]) for name, raw in bad.items()),
+            remedy=f"Fix {', '.join(bad)} (1 or 0, or unset).",
+        )
     return values
+
+
+def switch_refusals(switches, version):
+    """Why the scheduler refuses deterministic flashinfer with these switches (check_switches) on
+    SGLang `version` (None: not installed, no release check): one message each, in the order the
+    scheduler checks them. It raises the first; doctor lists them all, so what doctor calls OK
+    starts."""
+    if not switches[RADIX_CACHE_ENV]:
+        return []
+    refusals = []
+    if version is not None and version < Version(releases.RADIX_OPT_IN):
+        refusals.append(f"{RADIX_OPT_IN_NEEDS}: drop {RADIX_CACHE_ENV}, or upgrade SGLang.")
+    if not switches[RULES_ENV]:
+        refusals.append(
+            f"{RADIX_CACHE_ENV}=1 needs the grid rules ({RULES_ENV} not 0): "
+            f"drop {RADIX_CACHE_ENV}, or turn the rules back on."
+        )
+    return refusals
 
 
 def check_sglang_version(version):
@@ -131,9 +170,7 @@ def check_sglang_version(version):
     """
     override = check_switches()[ALLOW_UNTESTED_ENV]  # every switch is validated, needed or not
     if version is None:
-        raise ChunkAlignError(
-            "SGLang is not installed: install sglang first.", remedy=f"Install SGLang ({SUPPORTED_SGLANG})."
-        )
+        raise sglang_missing()
     if admits(SUPPORTED_SGLANG, version):
         return None
     if version < _lowest_supported():
@@ -151,6 +188,16 @@ def check_sglang_version(version):
         f"SGLang {version} is newer than the tested range ({SUPPORTED_SGLANG}). "
         f"Upgrade sglang-chunk-align, or set {ALLOW_UNTESTED_ENV}=1 to try it.",
         remedy=f"Upgrade sglang-chunk-align, set {ALLOW_UNTESTED_ENV}=1, or drop chunk_align from SGLANG_PLUGINS.",
+    )
+
+
+def sglang_missing():
+    """The error for an environment without SGLang: it names the releases to install."""
+    install = f"pip install 'sglang{SUPPORTED_SGLANG}'"
+    return ChunkAlignError(
+        f"SGLang is not installed: install a supported release, {install} "
+        f"(the newest, sglang=={releases.NEWEST}, needs Python 3.11 or newer).",
+        remedy=f"Install SGLang: {install}.",
     )
 
 

@@ -145,6 +145,16 @@ FI074 = KernelFacts(
 
 FACTS = {facts.flashinfer: facts for facts in (FI072, FI074)}
 
+# The model shapes the facts were measured at (tests/gpu/README.md; GQA groups 3, 5 and 7 and
+# head_dim 64 in a replay on 0.7.2; head_dim 512 by the probe on 0.7.2, tests/gpu/evidence).
+# Elsewhere the rules are the same arithmetic, but nothing checked that fa2 follows it there.
+MEASURED_GROUPS = (1, 2, 3, 4, 5, 7, 8)
+MEASURED_HEAD_DIMS = (64, 128, 256, 512)
+MEASURED_SHAPES = (
+    f"GQA groups {', '.join(map(str, MEASURED_GROUPS))} and head_dim "
+    f"{', '.join(map(str, MEASURED_HEAD_DIMS))} (an H200)"
+)
+
 # What an unmeasured release gets: every fact at its strictest measured value.
 STRICTEST = KernelFacts(
     flashinfer="unmeasured",

@@ -290,7 +290,7 @@ def _on_import(module):
             if _state == GUARDED:
                 logger.error("sglang-chunk-align: could not install its failure guard either: %s", error)
                 return
-            logger.error("sglang-chunk-align FAILED: %s Deterministic flashinfer will refuse to start.", error)
+            logger.error("%s", error.failure_report())
             _restore_all()
             install_failure_guard(error)
 

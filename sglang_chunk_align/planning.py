@@ -36,10 +36,25 @@ them alike.
 import math
 from dataclasses import dataclass, field
 
-from .kernel_facts import installed_facts
+from .kernel_facts import MEASURED_GROUPS, MEASURED_HEAD_DIMS, MEASURED_SHAPES, installed_facts
 
 # How chunk_end treats a final piece too short for the full tile that no earlier cut can merge.
 KEEP, WAIT, RIDE = "keep", "wait", "ride"
+
+def shape_coverage(group, head_dim):
+    """A warning when the kernel facts were not measured at this GQA group or head_dim, else None.
+
+    An unknown head_dim (None) gets none: the rules then assume the strictest one (no short-KV
+    exemption)."""
+    unmeasured = [f"GQA group {group}"] if group not in MEASURED_GROUPS else []
+    if head_dim is not None and head_dim not in MEASURED_HEAD_DIMS:
+        unmeasured.append(f"head_dim {head_dim}")
+    if not unmeasured:
+        return None
+    return (
+        f"{' and '.join(unmeasured)}: not measured; the kernel facts cover {MEASURED_SHAPES}, "
+        "so bit-exactness here is the rules' arithmetic, unchecked on a GPU"
+    )
 
 
 def q_tile_grid(rows, group):
@@ -156,14 +171,17 @@ def plan(prompt_len, cached, chunk, rules, aligned=True):
     """The chunks of one request prefilled alone: with the plugin's rules, or
     (aligned=False) as SGLang's length alignment cuts them, to the alignment the
     backend declares. `chunk` is one the scheduler accepts (cli checks it), so
-    every extend is non-empty."""
+    every extend is non-empty; None is chunked prefill off (what the scheduler
+    makes of a size <= 0): one piece from the reused prefix to the end."""
     if aligned:
         start = usable_prefix(cached, prompt_len, rules)
     else:
         start = min(cached, prompt_len - 1)
     chunks = []
     while start < prompt_len:
-        if aligned:
+        if chunk is None:
+            end = prompt_len
+        elif aligned:
             end = chunk_end(start, chunk, prompt_len, rules, short_tail=RIDE)
         else:
             align = rules.facts.chunk_align

@@ -2,13 +2,16 @@
 
 SGLang's load_plugins() calls load() in every process that loads plugins
 (the launcher, each scheduler rank, the detokenizer, the DP controller),
-logs any exception and carries on. load() patches lazily (patches.apply), so
-a process that never imports the scheduler pays almost nothing.
-So a failure is logged as an ERROR here, and a guard makes the scheduler
-refuse deterministic flashinfer instead of running stock alignment silently.
-The guard gets the error itself, whose `remedy` (compat.ChunkAlignError)
-names what to fix for that cause: a bad switch, an unsupported SGLang, a
-missing patch point.
+logs any exception with its traceback ("Failed to execute general plugin")
+and carries on. load() patches lazily (patches.apply), so a process that
+never imports the scheduler pays almost nothing.
+
+So a failure is logged here, once, as one ERROR line with its cause and
+remedy (compat.ChunkAlignError: a bad switch, an unsupported SGLang, a
+missing patch point), and not raised: SGLang would only log it again, with a
+traceback of the same error. What stops deterministic flashinfer from
+running stock alignment silently is the failure guard, which makes the
+scheduler refuse it with the same cause and remedy.
 """
 
 import logging
@@ -23,10 +26,5 @@ def load():
     try:
         apply()
     except ChunkAlignError as error:
-        logger.error(
-            "sglang-chunk-align FAILED: %s Deterministic flashinfer will refuse to start "
-            "while chunk_align is in SGLANG_PLUGINS.",
-            error,
-        )
+        logger.error("%s", error.failure_report())
         install_failure_guard(error)
-        raise

@@ -12,7 +12,7 @@ import logging
 
 from . import prefill_hooks, releases
 from .alignment import chunk_size_error
-from .compat import RADIX_CACHE_ENV, RADIX_OPT_IN_NEEDS, RULES_ENV, env_flag, sglang_at_least
+from .compat import RADIX_CACHE_ENV, RULES_ENV, check_switches, env_flag, installed_version, switch_refusals
 from .planning import Rules
 
 logger = logging.getLogger("sglang_chunk_align")
@@ -65,7 +65,7 @@ def _check_chunk(scheduler, rules_available):
             _describe_rules(rules, backend) if rules else "off" if rules_available
             else "not available on this SGLang release",
         )
-    _check_radix_cache(scheduler, q_tile, rules)
+    _check_radix_cache(scheduler, q_tile)
     if rules is not None:
         _refuse_paths_the_rules_cannot_keep(scheduler.server_args)
         _keep_batches_on_solo_tiles(scheduler)
@@ -119,17 +119,13 @@ def _refuse_paths_the_rules_cannot_keep(server_args):
         )
 
 
-def _check_radix_cache(scheduler, q_tile, rules):
+def _check_radix_cache(scheduler, q_tile):
     """The radix opt-in matters under deterministic flashinfer, and only with the grid rules."""
     if q_tile is None or not env_flag(RADIX_CACHE_ENV, False):
         return
-    if not sglang_at_least(releases.RADIX_OPT_IN):
-        raise ValueError(f"{RADIX_OPT_IN_NEEDS}: drop {RADIX_CACHE_ENV}, or upgrade SGLang.")
-    if rules is None:
-        raise ValueError(
-            f"{RADIX_CACHE_ENV}=1 needs the grid rules ({RULES_ENV} not 0): "
-            f"drop {RADIX_CACHE_ENV}, or turn the rules back on."
-        )
+    refusals = switch_refusals(check_switches(), installed_version())  # doctor makes them too
+    if refusals:
+        raise ValueError(refusals[0])
     if not getattr(scheduler.tree_cache, "disable", True) and scheduler.tree_cache.supports_mamba():
         raise ValueError(
             f"{RADIX_CACHE_ENV}=1 is not supported with a mamba prefix cache: a prefix rounded to "

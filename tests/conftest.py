@@ -72,9 +72,27 @@ def fresh_python():
     return _run_python
 
 
+@pytest.fixture
+def reported_once():
+    """reported_once(stderr, problem, remedy) checks how a failed load reads: SGLang's loader logs
+    what load() raises, with a traceback, so load() raises nothing and the problem is one ERROR
+    line, with its remedy."""
+
+    def check(stderr, problem, remedy):
+        assert stderr.count("sglang-chunk-align FAILED: ") == 1, stderr[-3000:]
+        failed = next(line for line in stderr.splitlines() if "sglang-chunk-align FAILED: " in line)
+        assert problem in failed and remedy in failed, failed
+        assert "Failed to execute general plugin" not in stderr and "ChunkAlignError" not in stderr, stderr[-3000:]
+
+    return check
+
+
 def pytest_sessionfinish(session, exitstatus):
-    """A run in which every test skipped checked nothing: fail it rather than pass."""
+    """A run in which every test skipped checked nothing: fail it rather than pass, so CI cannot
+    pass vacuously. Only a run that ran tests counts: `--collect-only` (how editors and CI tools
+    discover tests) runs none, and a `-k` that deselects everything is pytest's own exit 5."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if exitstatus == 0 and reporter is not None and not reporter.stats.get("passed"):
+    ran_tests = not session.config.option.collectonly
+    if exitstatus == 0 and ran_tests and reporter is not None and not reporter.stats.get("passed"):
         reporter.write_line("no test passed (all skipped): failing the run", red=True)
         session.exitstatus = 1

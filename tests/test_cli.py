@@ -8,11 +8,13 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from sglang_chunk_align import patches, releases
 from sglang_chunk_align.alignment import chunk_size_error
-from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, sglang_at_least
-from sglang_chunk_align.kernel_facts import installed_facts
+from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, sglang_at_least, switch_refusals
+from sglang_chunk_align.kernel_facts import MEASURED_SHAPES, installed_facts
+from sglang_chunk_align.standins import scheduler_alignment
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # Hides the installed SGLang from a fresh interpreter (its metadata and its import), and
@@ -75,17 +77,40 @@ def test_doctor_reports_a_working_install():
     assert report["switches"] == {
         "SGLANG_CHUNK_ALIGN_RULES": 1, "SGLANG_CHUNK_ALIGN_RADIX_CACHE": 0, "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED": 0,
     }
+    assert report["kernel_facts"] == MEASURED_SHAPES
 
 
 def test_doctor_fails_on_an_invalid_environment(fresh_python):
+    """The problem comes first, before the patch points; every switch stays shown, the bad one raw."""
     result = fresh_python(
         "import sys; from sglang_chunk_align.cli import main; sys.exit(main(['doctor']))",
         SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED="yes",
     )
     assert result.returncode == 1
-    assert "PROBLEM: SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='yes' is not valid" in result.stdout
-    assert "NOT OK" in result.stdout
+    lines = result.stdout.splitlines()
+    problem = lines.index(
+        "PROBLEM: SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='yes' is not valid: use 1 or 0 (unset means 0)."
+    )
+    assert problem < lines.index("patch points:")
+    assert {"  SGLANG_CHUNK_ALIGN_RULES=1", "  SGLANG_CHUNK_ALIGN_RADIX_CACHE=0",
+            "  SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='yes' (invalid)"} <= set(lines[:problem])
+    assert f"  kernel facts         measured at {MEASURED_SHAPES}; plan --group --head-dim warns on others" in lines
+    assert lines[-1] == "NOT OK: 1 PROBLEM line(s) above"
     assert result.stdout.count("is not valid") == 1
+
+
+def test_doctor_makes_the_refusals_the_scheduler_makes_from_the_switches(plugin, monkeypatch):
+    """The same text from one function (compat.switch_refusals): what doctor calls OK starts."""
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RADIX_CACHE", "1")
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "0")
+    with pytest.raises(ValueError) as refused:
+        scheduler_alignment(chunk=256)
+    result = _cli("doctor", "--json")
+    report = json.loads(result.stdout)
+    assert result.returncode == 1 and not report["ok"]
+    assert report["problems"][0] == str(refused.value)
+    assert "SGLANG_CHUNK_ALIGN_RADIX_CACHE=1 needs" in report["problems"][0]
+    assert report["switches"]["SGLANG_CHUNK_ALIGN_RULES"] == 0
 
 
 @pytest.mark.needs_grid_rules
@@ -102,14 +127,36 @@ def test_doctor_reports_the_grid_rules_off():
     assert "sglang.srt.managers.scheduler.Scheduler.check_truncation_align_fits_chunk" not in off
 
 
+def test_switch_refusals_are_in_the_schedulers_order():
+    radix, rules = "SGLANG_CHUNK_ALIGN_RADIX_CACHE", "SGLANG_CHUNK_ALIGN_RULES"
+    older = Version(releases.RELEASES[releases.RELEASES.index(releases.RADIX_OPT_IN) - 1])
+    assert switch_refusals({radix: False, rules: False}, older) == []
+    assert switch_refusals({radix: True, rules: True}, Version(releases.RADIX_OPT_IN)) == []
+    assert switch_refusals({radix: True, rules: True}, None) == []  # no release to check
+    release, grid_rules = switch_refusals({radix: True, rules: False}, older)
+    assert release == f"{RADIX_OPT_IN_NEEDS}: drop {radix}, or upgrade SGLang."
+    assert grid_rules.startswith(f"{radix}=1 needs the grid rules ({rules} not 0)")
+
+
 def test_doctor_without_sglang_says_so_once(fresh_python):
     result = fresh_python(HIDE.format(ray=False))
     assert result.returncode == 1, result.stderr[-2000:]
     assert "  sglang               not installed" in result.stdout
-    assert "PROBLEM: SGLang is not installed" in result.stdout
+    assert (
+        f"PROBLEM: SGLang is not installed: install a supported release, pip install 'sglang{releases.SUPPORTED}' "
+        f"(the newest, sglang=={releases.NEWEST}, needs Python 3.11 or newer)." in result.stdout
+    )
     assert result.stdout.count("SGLang not installed") == 1
     assert "None" not in result.stdout and "not for SGLang" not in result.stdout
     assert "WARNING" not in result.stdout
+
+
+def test_doctor_without_sglang_and_with_a_bad_switch_names_both(fresh_python):
+    result = fresh_python(HIDE.format(ray=False), SGLANG_CHUNK_ALIGN_RULES="yes")
+    assert result.returncode == 1, result.stderr[-2000:]
+    problems = [line for line in result.stdout.splitlines() if line.startswith("PROBLEM: ")]
+    assert len(problems) == 2 and problems[0].startswith("PROBLEM: SGLang is not installed: install a supported")
+    assert problems[1] == "PROBLEM: SGLANG_CHUNK_ALIGN_RULES='yes' is not valid: use 1 or 0 (unset means 1)."
 
 
 def test_doctor_warns_that_ray_schedulers_do_not_load_the_plugin(fresh_python):
@@ -143,6 +190,44 @@ def test_plan_command_json_shows_the_short_final_piece_riding_along_at_chunk_128
     assert plans["upstream length alignment"][-1] == {
         "start": 1024, "end": 1040, "tile": 16, "hazards": ["runs on the 16-row tile, solo prefill on 128"],
     }
+
+
+@pytest.mark.parametrize("chunk", [-1, 0])
+def test_plan_command_plans_chunked_prefill_off_as_one_piece(plugin, chunk):
+    """The scheduler takes a size <= 0 as chunked prefill off (the README's reference server runs CHUNK=-1)."""
+    assert scheduler_alignment(chunk=chunk) == 128  # the scheduler starts with it (it raises otherwise)
+    result = _cli("plan", "--prompt-len", "2500", "--cached", "1000", "--chunk", str(chunk))
+    assert result.returncode == 0, result.stderr
+    assert "chunked prefill off: one piece from the reused prefix to the end" in result.stdout
+    assert "sglang-chunk-align: 1 chunk, 0 with hazards\n  [   896,   2500)  tile 128  ok" in result.stdout
+    assert "upstream length alignment: 1 chunk, 1 with hazards\n  [  1000,   2500)" in result.stdout
+
+
+def test_plan_command_bounds_the_prompt_length():
+    result = _cli("plan", "--prompt-len", "1000000000000", "--chunk", "128", "--json")
+    assert result.returncode == 2
+    assert "argument --prompt-len: '1000000000000' is above 10000000, the longest prompt plan lists" in result.stderr
+    assert _cli("plan", "--prompt-len", "10000000", "--chunk", "4096").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "shape, warned",
+    [((), False), (("--group", "3", "--head-dim", "64"), False), (("--group", "8", "--head-dim", "256"), False),
+     (("--group", "6"), "GQA group 6"), (("--group", "16"), "GQA group 16"),
+     (("--head-dim", "512"), "head_dim 512"), (("--group", "12", "--head-dim", "96"), "GQA group 12 and head_dim 96")],
+)
+def test_plan_command_says_which_shapes_the_kernel_facts_cover(shape, warned):
+    text = _cli("plan", "--prompt-len", "300", "--chunk", "128", *shape)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith(f"kernel facts measured at {MEASURED_SHAPES}\n")
+    assert ("WARNING: " in text.stdout) == bool(warned)
+    report = json.loads(_cli("plan", "--prompt-len", "300", "--chunk", "128", "--json", *shape).stdout)
+    if warned:
+        assert text.stdout.splitlines()[1] == f"WARNING: {warned}: not measured; the kernel facts cover {MEASURED_SHAPES}, " \
+            "so bit-exactness here is the rules' arithmetic, unchecked on a GPU"
+        assert report["warnings"] == [text.stdout.splitlines()[1].removeprefix("WARNING: ")]
+    else:
+        assert report["warnings"] == []
 
 
 def test_plan_command_counts_one_chunk():
@@ -197,13 +282,14 @@ def test_plan_command_names_the_one_bad_argument(args, bad):
     [(None, "chunk_align"), ("other", "other,chunk_align"), ("other, chunk_align", "other, chunk_align")],
 )
 def test_launch_server_adds_chunk_align_to_the_plugins(tmp_path, plugins, expected):
-    """The script's last step execs `python`; one on PATH that prints SGLANG_PLUGINS stands in for SGLang."""
-    (tmp_path / "python").write_text('#!/bin/sh\necho "$SGLANG_PLUGINS"\n')
-    (tmp_path / "python").chmod(0o755)
+    """The script's last step execs `sglang serve`; an `sglang` on PATH that prints SGLANG_PLUGINS and
+    its first argument stands in for SGLang."""
+    (tmp_path / "sglang").write_text('#!/bin/sh\necho "$SGLANG_PLUGINS $1"\n')
+    (tmp_path / "sglang").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"}
     env["PATH"] = f"{tmp_path}:{env['PATH']}"
     if plugins is not None:
         env["SGLANG_PLUGINS"] = plugins
     result = subprocess.run(["bash", str(EXAMPLES / "launch_server.sh")], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == expected
+    assert result.stdout.strip() == f"{expected} serve"

@@ -2,6 +2,10 @@
 remove, each in a fresh interpreter (the dd-trace-py pattern)."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -221,3 +225,45 @@ def test_loading_the_plugin_imports_no_version_specifier_parser(fresh_python):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "['sglang_chunk_align.patches']"
+
+
+# `sglang serve`, the entry point SGLang recommends (0.5.12 to 0.5.23 have it), is the console
+# script next to this Python. Its serve() calls load_plugins() and then picks a backend: an
+# unknown --model-type is refused right there, before anything needs a model or a GPU.
+SGLANG_SERVE = str(Path(sys.executable).with_name("sglang"))
+SERVE_ARGS = ["serve", "--model-type", "no-such-backend", "--model-path", "unused"]
+SERVE_REFUSAL = "Unknown serve backend 'no-such-backend'"
+SERVE_SCRIPT = f"""
+import sys
+from sglang_chunk_align import patches
+from sglang.cli.main import main  # what the `sglang` console script runs
+sys.argv = ["sglang", *{SERVE_ARGS!r}]
+try:
+    main()
+except ValueError as error:
+    print("serve refused:", error)
+print("plugin:", patches.state())
+"""
+
+
+def test_sglang_serve_applies_the_plugin_in_its_process(fresh_python):
+    """`sglang serve` loads the plugin in its launcher process (which also runs the tokenizer
+    manager). The processes it starts are spawned (multiprocessing's spawn start method) and each
+    calls load_plugins() itself: run_scheduler_process, run_detokenizer_process and
+    run_data_parallel_controller_process, loaded as the tests above load them."""
+    assert Path(SGLANG_SERVE).is_file()
+    result = fresh_python(SERVE_SCRIPT, SGLANG_PLUGINS="chunk_align")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2].startswith(f"serve refused: {SERVE_REFUSAL}") and lines[-1] == "plugin: applied"
+
+
+def test_sglang_serve_reports_a_bad_switch_once_with_its_remedy(reported_once):
+    """`sglang serve` (SGLang's console script) calls load_plugins() in its own process; the plugin
+    reports there, once. SERVE_ARGS makes serve fail right after that, with SGLang's own error."""
+    env = {**os.environ, "SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_RULES": "yes"}
+    result = subprocess.run([SGLANG_SERVE, *SERVE_ARGS], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1 and SERVE_REFUSAL in result.stderr, result.stderr[-3000:]  # serve went on
+    reported_once(
+        result.stderr, "SGLANG_CHUNK_ALIGN_RULES='yes' is not valid", "Fix SGLANG_CHUNK_ALIGN_RULES (1 or 0, or unset)."
+    )
