@@ -70,14 +70,13 @@ def test_doctor_reports_a_working_install():
     assert report["backends"]["FlashInferAttnBackend"] == 128
     facts = installed_facts()  # SGLang 0.5.23 pins flashinfer 0.7.2 (measured), 0.5.22 0.7.1 (not)
     assert report["kernel_facts"] == {"flashinfer": facts.flashinfer, "measured": facts.measured,
-                                      "summary": facts.describe()}
+                                      "summary": facts.describe(), "shapes": MEASURED_SHAPES}
     assert any("its fa2 kernel facts were not measured" in w for w in report["warnings"]) == (not facts.measured)
     assert report["backends"]["FlashInferMLAAttnBackend"] is None
     assert report["backends"]["TboAttnBackend"] == 128
     assert report["switches"] == {
         "SGLANG_CHUNK_ALIGN_RULES": 1, "SGLANG_CHUNK_ALIGN_RADIX_CACHE": 0, "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED": 0,
     }
-    assert report["kernel_facts"] == MEASURED_SHAPES
 
 
 def test_doctor_fails_on_an_invalid_environment(fresh_python):
@@ -94,7 +93,10 @@ def test_doctor_fails_on_an_invalid_environment(fresh_python):
     assert problem < lines.index("patch points:")
     assert {"  SGLANG_CHUNK_ALIGN_RULES=1", "  SGLANG_CHUNK_ALIGN_RADIX_CACHE=0",
             "  SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='yes' (invalid)"} <= set(lines[:problem])
-    assert f"  kernel facts         measured at {MEASURED_SHAPES}; plan --group --head-dim warns on others" in lines
+    assert (
+        f"  kernel facts         {installed_facts().describe()}; measured at {MEASURED_SHAPES}; "
+        "plan --group --head-dim warns on others"
+    ) in lines
     assert lines[-1] == "NOT OK: 1 PROBLEM line(s) above"
     assert result.stdout.count("is not valid") == 1
 
@@ -214,12 +216,12 @@ def test_plan_command_bounds_the_prompt_length():
     "shape, warned",
     [((), False), (("--group", "3", "--head-dim", "64"), False), (("--group", "8", "--head-dim", "256"), False),
      (("--group", "6"), "GQA group 6"), (("--group", "16"), "GQA group 16"),
-     (("--head-dim", "512"), "head_dim 512"), (("--group", "12", "--head-dim", "96"), "GQA group 12 and head_dim 96")],
+     (("--head-dim", "96"), "head_dim 96"), (("--group", "12", "--head-dim", "48"), "GQA group 12 and head_dim 48")],
 )
 def test_plan_command_says_which_shapes_the_kernel_facts_cover(shape, warned):
     text = _cli("plan", "--prompt-len", "300", "--chunk", "128", *shape)
     assert text.returncode == 0, text.stderr
-    assert text.stdout.startswith(f"kernel facts measured at {MEASURED_SHAPES}\n")
+    assert text.stdout.startswith(f"{installed_facts().describe()}; measured at {MEASURED_SHAPES}\n")
     assert ("WARNING: " in text.stdout) == bool(warned)
     report = json.loads(_cli("plan", "--prompt-len", "300", "--chunk", "128", "--json", *shape).stdout)
     if warned:
