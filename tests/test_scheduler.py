@@ -132,7 +132,7 @@ def test_mixed_chunk_stays_on_without_the_rules(plugin, monkeypatch):
 def test_rules_take_the_grid_from_the_planned_heads_and_log_it(plugin, caplog):
     with caplog.at_level("INFO", logger="sglang_chunk_align"):
         scheduler_alignment(lambda: flashinfer_backend(planned=(32, 8, 128)), chunk=128, state={"page_size": 16})
-    assert prefill_hooks.rules_in_force == Rules(group=4, head_dim=128, page_size=16)
+    assert prefill_hooks.rules_in_force() == Rules(group=4, head_dim=128, page_size=16)
     assert (
         "grid rules on: 32-token grid, pieces over 16 tokens (GQA group 4, head_dim 128, page 16), "
         "from FlashInferAttnBackend.indices_updater_prefill: 32 q / 8 KV heads, head_dim 128"
@@ -144,7 +144,7 @@ def test_rules_take_the_grid_from_the_planned_heads_and_log_it(plugin, caplog):
 def test_rules_stay_conservative_where_the_geometry_is_unknown(plugin, caplog):
     with caplog.at_level("INFO", logger="sglang_chunk_align"):
         scheduler_alignment(chunk=256)
-    assert prefill_hooks.rules_in_force == Rules()
+    assert prefill_hooks.rules_in_force() == Rules()
     assert "128-token grid, pieces over 64 tokens" in caplog.text and "geometry unknown" in caplog.text
 
 
@@ -185,7 +185,7 @@ def test_bare_scheduler_without_a_worker_checks_as_stock(plugin):
     check(4096, 256, DisaggregationMode.DECODE)
     with pytest.raises(ValueError, match="at least 4096"):
         check(4096, 256)
-    assert prefill_hooks.rules_in_force is None
+    assert prefill_hooks.rules_in_force() is None
 
 
 @needs_stock_check
@@ -193,7 +193,7 @@ def test_no_alignment_arms_no_rules(plugin):
     with published(chunk=256) as server_args:
         stand_in = scheduler(server_args, flashinfer_backend(), truncation_align_size=None)
         stand_in.check_truncation_align_fits_chunk()
-    assert prefill_hooks.rules_in_force is None
+    assert prefill_hooks.rules_in_force() is None
 
 
 @needs_grid_rules
