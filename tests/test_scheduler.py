@@ -222,13 +222,14 @@ def test_releases_without_the_grid_rules_warn_what_is_not_bit_exact(plugin, capl
     """On releases before the grid rules the startup check runs with rules_available=False."""
     from sglang_chunk_align import scheduler_hooks
 
+    init_and_check = scheduler_hooks.init_alignment_and_check(rules_available=False)
     with published(chunk=256) as server_args:
-        stand_in = scheduler(server_args, flashinfer_backend(), truncation_align_size=128)
+        stand_in = scheduler(server_args, flashinfer_backend())
         with caplog.at_level("WARNING", logger="sglang_chunk_align"):
-            scheduler_hooks._check_chunk(stand_in, rules_available=False)
+            init_and_check(None, stand_in, (), {})
     assert f"no grid rules on this SGLang release: {releases.WITHOUT_GRID_RULES}." in caplog.text
     caplog.clear()
     with published(deterministic=False, chunk=256) as server_args:
-        stand_in = scheduler(server_args, flashinfer_backend(), truncation_align_size=None)
-        scheduler_hooks._check_chunk(stand_in, rules_available=False)
+        stand_in = scheduler(server_args, flashinfer_backend())
+        init_and_check(None, stand_in, (), {})
     assert "no grid rules" not in caplog.text  # only where deterministic flashinfer runs
