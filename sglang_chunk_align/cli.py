@@ -17,7 +17,7 @@ import pkgutil
 import sys
 from importlib import metadata
 
-from . import patches, prefill_hooks, releases, standins
+from . import patches, releases, standins
 from .planning import Rules, plan
 from .alignment import PREFILL_Q_TILE_TOKENS, chunk_size_error
 from .compat import (
@@ -119,7 +119,7 @@ def run_doctor():
     version = installed_version()
     report = {
         "versions": {d: _dist_version(d) for d in ("sglang-chunk-align", "sglang", "flashinfer-python", "torch", "wrapt")},
-        "supported_sglang": str(SUPPORTED_SGLANG),
+        "supported_sglang": SUPPORTED_SGLANG,
         "switches": {},
         "grid_rules": None,
         "grid": None,
@@ -133,13 +133,30 @@ def run_doctor():
         warning = check_sglang_version(version)
         if warning:
             report["warnings"].append(warning)
-        patches.apply(now=True)  # every point, imported by SGLang yet or not
     except ChunkAlignError as error:
         report["problems"].append(str(error))
-    if version is not None:  # without SGLang the patch points mean nothing
-        _check_release(report, version)
+        applied = contextlib.nullcontext()  # apply() would refuse for the same reason
+    else:
+        applied = _plugin_applied(report)
+    with applied:
+        if version is not None:  # without SGLang the patch points mean nothing
+            _check_release(report, version)
     report["ok"] = not report["problems"]
     return report
+
+
+@contextlib.contextmanager
+def _plugin_applied(report):
+    """Every patch point applied, imported by SGLang yet or not, while the report is made; stock
+    SGLang again afterwards. A point that cannot be applied is a problem in the report."""
+    try:
+        patches.apply(now=True)
+    except ChunkAlignError as error:
+        report["problems"].append(str(error))
+    try:
+        yield
+    finally:
+        patches.remove()
 
 
 def _check_release(report, version):
@@ -150,7 +167,7 @@ def _check_release(report, version):
     for point in patches.PATCH_POINTS:
         if point not in release:
             status = f"not for SGLang {version}"
-        elif rules_off and _is_grid_rule(point):
+        elif rules_off and point.grid_rule:
             status = RULES_OFF
         elif point.name in applied:
             status = "applied"
@@ -159,7 +176,7 @@ def _check_release(report, version):
         else:
             status = "not applied"
         report["patch_points"].append(
-            {"name": point.name, "versions": str(point.versions), "reason": point.reason, "status": status}
+            {"name": point.name, "versions": point.versions, "reason": point.reason, "status": status}
         )
     if not admits(patches.GRID_RULES_RELEASES, version):
         report["grid_rules"] = f"not on SGLang {version}: {releases.WITHOUT_GRID_RULES}"
@@ -171,12 +188,6 @@ def _check_release(report, version):
         report["backends"] = declared_alignments()
         if report["backends"].get("FlashInferAttnBackend") != 128:
             report["problems"].append("FlashInferAttnBackend does not declare 128 under deterministic inference")
-        patches.remove()
-
-
-def _is_grid_rule(point):
-    """A point that only runs planning.py's grid rules, which SGLANG_CHUNK_ALIGN_RULES=0 turns off."""
-    return getattr(point.wrapper, "__module__", None) == prefill_hooks.__name__
 
 
 def declared_alignments():

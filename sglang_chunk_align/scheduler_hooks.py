@@ -10,8 +10,6 @@ signature; patches.py says where each one goes.
 
 import logging
 import sys
-from dataclasses import dataclass
-from typing import Optional
 
 from . import prefill_hooks, releases
 from .alignment import chunk_size_error
@@ -65,14 +63,19 @@ def check_chunk_and_activate_rules(wrapped, instance, args, kwargs):
     _check_chunk_size(instance, startup)
 
 
-@dataclass(frozen=True)
 class Startup:
-    """What the scheduler's live backend asks of the plugin, decided before anything changes."""
+    """What the scheduler's live backend asks of the plugin, decided before anything changes.
 
-    backend: object  # the live attention backend, or None on a bare Scheduler
-    q_tile: Optional[int]  # what it declares as prefill_chunk_align
-    rules: Optional[Rules]  # the grid rules to activate, or None
-    rules_available: bool  # whether this release has the PrefillAdder points the rules need
+    A plain class, as prefill_hooks.Step: a dataclass's generated methods cost import time.
+    """
+
+    __slots__ = ("backend", "q_tile", "rules", "rules_available")
+
+    def __init__(self, backend, q_tile, rules, rules_available):
+        self.backend = backend  # the live attention backend, or None on a bare Scheduler
+        self.q_tile = q_tile  # what it declares as prefill_chunk_align
+        self.rules = rules  # the grid rules to activate, or None
+        self.rules_available = rules_available  # whether this release has the points the rules need
 
     @property
     def armed(self):

@@ -90,7 +90,7 @@ def test_dp_attention_message_names_the_total_size():
     assert "split across 2 DP attention ranks" in message and "at least 256" in message
 
 
-@pytest.mark.skipif(not sglang_at_least("0.5.23"), reason="--attn-dp-size came with SGLang 0.5.23")
+@pytest.mark.skipif(not sglang_at_least(releases.ATTN_DP_SIZE), reason=f"--attn-dp-size came with SGLang {releases.ATTN_DP_SIZE}")
 def test_dp_attention_size_is_read_as_stock_reads_it(plugin):
     with pytest.raises(ValueError, match="split across 2 DP attention ranks.*at least 256"):
         scheduler_alignment(chunk=100, attn_dp_size=2, tp_size=2)

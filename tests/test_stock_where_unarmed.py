@@ -254,7 +254,7 @@ def bare_scheduler_outcomes():
     return results
 
 
-@pytest.mark.skipif(not sglang_at_least("0.5.23"), reason="SGLang's own test of a bare Scheduler is 0.5.23's")
+@pytest.mark.skipif(not sglang_at_least(releases.NEWEST), reason=f"SGLang's own test of a bare Scheduler is {releases.NEWEST}'s")
 def test_bare_scheduler_is_stock_with_the_plugin_loaded_by_sglang(fresh_python):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     runs = {}
