@@ -70,6 +70,22 @@ class PatchPoint:
     def name(self):
         return f"{self.module}.{self.target}"
 
+    @property
+    def class_and_attribute(self):
+        """(the owning class's name, or None for a module attribute; the attribute's name)."""
+        class_name, _, attribute = self.target.rpartition(".")
+        return class_name or None, attribute
+
+
+def owner_of(point):
+    """(the module or class whose __dict__ holds the point's attribute, the attribute's name).
+
+    Imports the point's module; raises ImportError or AttributeError where SGLang lacks it.
+    """
+    class_name, attribute = point.class_and_attribute
+    owner = importlib.import_module(point.module)
+    return (getattr(owner, class_name) if class_name else owner), attribute
+
 
 def _declare(module, target, value, reason, versions=ALL_RELEASES):
     return PatchPoint(module, target, versions, reason, declare=value)
@@ -332,11 +348,8 @@ def _restore_all():
 
 def _resolve(point, version):
     """(owner, attribute, stock value in its __dict__), or ChunkAlignError."""
-    *class_name, attribute = point.target.split(".")
     try:
-        owner = importlib.import_module(point.module)
-        if class_name:
-            owner = getattr(owner, class_name[0])
+        owner, attribute = owner_of(point)
     except (ImportError, AttributeError) as error:
         raise ChunkAlignError(
             f"SGLang {version}: patch point {point.name} is missing or does not import "

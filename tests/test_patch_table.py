@@ -2,7 +2,6 @@
 and an install that fails partway leaves SGLang stock."""
 
 import configparser
-import importlib
 import os
 
 import pytest
@@ -18,10 +17,7 @@ def _owner_dicts():
     """Point name -> what its owner's __dict__ holds now, for this release's points."""
     state = {}
     for point in patches.release_points(installed_version()):
-        *class_name, attribute = point.target.split(".")
-        owner = importlib.import_module(point.module)
-        if class_name:
-            owner = getattr(owner, class_name[0])
+        owner, attribute = patches.owner_of(point)
         state[point.name] = vars(owner).get(attribute)
     return state
 
