@@ -82,7 +82,7 @@ def arm(cfg):
 
     with sglang_config(cfg, radix=False) as server_args:
         align = truncation_align_size(server_args, SHAPE)
-        rules = prefill_hooks.rules_in_force
+        rules = prefill_hooks.rules_in_force()
         if (rules is not None) != cfg.plugin:
             raise RuntimeError(f"{cfg.name}: grid rules {rules}, expected them {'on' if cfg.plugin else 'off'}")
         yield SchedulerDriver(SMALL_WORKLOAD, cfg, False, align), rules

@@ -45,14 +45,19 @@ def decode_rows(content, shape, rid, positions):
     return torch.cat(rows)
 
 
-for shape in SHAPES:
-    for length in PROMPTS:
-        requests = {0: RequestSpec(0, 0, length, -1, 0, 0)}
-        content = Content(requests, [], shape, "cuda")
-        prefill = run_batches(content, Fa2PagedPrefill(shape), [[(0, 0, length)]], 4096)
-        positions = range(length - STEPS, length)
-        decoded = decode_rows(content, shape, 0, positions)
-        solo = prefill[content.offset[0] + length - STEPS: content.offset[0] + length]
-        differing = (~(decoded == solo).flatten(1).all(1)).sum().item()
-        print(f"{shape.name} prompt {length}: {differing} of {STEPS} decoded rows differ from the solo "
-              f"prefill's (max abs diff {(decoded.float() - solo.float()).abs().max().item():.3g})", flush=True)
+def main():
+    for shape in SHAPES:
+        for length in PROMPTS:
+            requests = {0: RequestSpec(0, 0, length, -1, 0, 0)}
+            content = Content(requests, [], shape, "cuda")
+            prefill = run_batches(content, Fa2PagedPrefill(shape), [[(0, 0, length)]], 4096)
+            positions = range(length - STEPS, length)
+            decoded = decode_rows(content, shape, 0, positions)
+            solo = prefill[content.offset[0] + length - STEPS: content.offset[0] + length]
+            differing = (~(decoded == solo).flatten(1).all(1)).sum().item()
+            print(f"{shape.name} prompt {length}: {differing} of {STEPS} decoded rows differ from the solo "
+                  f"prefill's (max abs diff {(decoded.float() - solo.float()).abs().max().item():.3g})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

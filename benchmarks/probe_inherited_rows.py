@@ -11,31 +11,40 @@ Run from the repository root: python3 -m benchmarks.probe_inherited_rows
 """
 
 import json
+import os
 
 from benchmarks.replay_determinism import Content, Fa2PagedPrefill, run_batches
 from benchmarks.scheduling import donor_runs, load_requests
 from benchmarks.workload import SHAPES
 
-with open("benchmarks/schedules_chat.json") as f:
-    doc = json.load(f)
-shape = next(s for s in SHAPES if s.name == "g1-d128")
-schedule = next(s for s in doc["schedules"] if s["config"] == "plugin-256" and s["shape"] == shape.name
-                and s["page_size"] == 1)
-requests = load_requests(doc)
-content = Content(requests, doc["group_lens"], shape, "cuda")
-kernel = Fa2PagedPrefill(shape)
-solo = run_batches(content, kernel, [[(rid, 0, r.prompt_len)] for rid, r in requests.items()], 4096)
-out = run_batches(content, kernel, schedule["steps"], 4096)
-for rid, runs in sorted(donor_runs(schedule).items()):
-    for donor, a, b in runs:
-        theirs = out[content.offset[donor] + a: content.offset[donor] + b]
-        mine = solo[content.offset[rid] + a: content.offset[rid] + b]
-        donor_solo = solo[content.offset[donor] + a: content.offset[donor] + b]
-        for i in (~(theirs == mine).flatten(1).all(1)).nonzero().flatten().tolist():
-            pos = a + i
-            steps = [(n, step) for n, step in enumerate(schedule["steps"]) for e in step
-                     if e[0] == donor and e[1] <= pos < e[2]]
-            print(f"request {rid} (prompt {requests[rid].prompt_len}) row {pos} from donor {donor} "
-                  f"(prompt {requests[donor].prompt_len}, shared {requests[donor].shared_len}); "
-                  f"donor exact vs its own solo: {bool((theirs[i] == donor_solo[i]).all())}; "
-                  f"donor solo == requester solo: {bool((donor_solo[i] == mine[i]).all())}; computed in {steps}")
+SCHEDULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schedules_chat.json")
+
+
+def main():
+    with open(SCHEDULES) as f:
+        doc = json.load(f)
+    shape = next(s for s in SHAPES if s.name == "g1-d128")
+    schedule = next(s for s in doc["schedules"] if s["config"] == "plugin-256" and s["shape"] == shape.name
+                    and s["page_size"] == 1)
+    requests = load_requests(doc)
+    content = Content(requests, doc["group_lens"], shape, "cuda")
+    kernel = Fa2PagedPrefill(shape)
+    solo = run_batches(content, kernel, [[(rid, 0, r.prompt_len)] for rid, r in requests.items()], 4096)
+    out = run_batches(content, kernel, schedule["steps"], 4096)
+    for rid, runs in sorted(donor_runs(schedule).items()):
+        for donor, a, b in runs:
+            theirs = out[content.offset[donor] + a: content.offset[donor] + b]
+            mine = solo[content.offset[rid] + a: content.offset[rid] + b]
+            donor_solo = solo[content.offset[donor] + a: content.offset[donor] + b]
+            for i in (~(theirs == mine).flatten(1).all(1)).nonzero().flatten().tolist():
+                pos = a + i
+                steps = [(n, step) for n, step in enumerate(schedule["steps"]) for e in step
+                         if e[0] == donor and e[1] <= pos < e[2]]
+                print(f"request {rid} (prompt {requests[rid].prompt_len}) row {pos} from donor {donor} "
+                      f"(prompt {requests[donor].prompt_len}, shared {requests[donor].shared_len}); "
+                      f"donor exact vs its own solo: {bool((theirs[i] == donor_solo[i]).all())}; "
+                      f"donor solo == requester solo: {bool((donor_solo[i] == mine[i]).all())}; computed in {steps}")
+
+
+if __name__ == "__main__":
+    main()

@@ -421,36 +421,42 @@ def main(argv=None):
     cost = sub.add_parser("cost", help="print the cost tables of schedule documents (JSON)")
     cost.add_argument("--schedules", nargs="+", required=True)
     args = parser.parse_args(argv)
+    return COMMANDS[args.command](args)
 
-    if args.command == "cost":
-        for path in args.schedules:
-            with open(path) as f:
-                doc = json.load(f)
-            print(f"{doc['meta']['name']}:\n{cost_report(doc)}\n")
-        return 0
 
-    if args.command == "report":
-        with open(args.results) as f:
-            results = json.load(f)
-        print(f"{results['meta']}\n\n{summary_table(results['rows'])}\n\n{results_table(results['rows'])}")
-        return 0
+def _cost(args):
+    for path in args.schedules:
+        with open(path) as f:
+            doc = json.load(f)
+        print(f"{doc['meta']['name']}:\n{cost_report(doc)}\n")
+    return 0
 
-    if args.command == "schedule":
-        spec = WORKLOADS[args.workload]
-        if args.uncapped:
-            spec = WorkloadSpec(**{**asdict(spec), "kv_tokens": UNCAPPED_KV_TOKENS})
-        start = time.perf_counter()
-        configs = [c for c in CONFIGS + OFF_GRID_CHUNK_CONFIGS if c.name in args.configs]
-        radix_modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.radix]
-        doc = schedule_workload(spec, configs, radix_modes, args.page_sizes, name=args.workload,
-                                flashinfer=args.flashinfer)
-        print(f"{schedule_report(doc)}\n\n{cost_report(doc)}\n\nkernel facts of flashinfer {doc['meta']['flashinfer_facts']}")
-        print(f"\nscheduled {len(doc['requests'])} requests x {len(doc['schedules'])} schedules "
-              f"in {time.perf_counter() - start:.1f} s (SGLang {doc['meta']['sglang']})")
-        if args.out:
-            _write_json(args.out, doc)
-        return 0
 
+def _report(args):
+    with open(args.results) as f:
+        results = json.load(f)
+    print(f"{results['meta']}\n\n{summary_table(results['rows'])}\n\n{results_table(results['rows'])}")
+    return 0
+
+
+def _schedule(args):
+    spec = WORKLOADS[args.workload]
+    if args.uncapped:
+        spec = WorkloadSpec(**{**asdict(spec), "kv_tokens": UNCAPPED_KV_TOKENS})
+    start = time.perf_counter()
+    configs = [c for c in CONFIGS + OFF_GRID_CHUNK_CONFIGS if c.name in args.configs]
+    radix_modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.radix]
+    doc = schedule_workload(spec, configs, radix_modes, args.page_sizes, name=args.workload,
+                            flashinfer=args.flashinfer)
+    print(f"{schedule_report(doc)}\n\n{cost_report(doc)}\n\nkernel facts of flashinfer {doc['meta']['flashinfer_facts']}")
+    print(f"\nscheduled {len(doc['requests'])} requests x {len(doc['schedules'])} schedules "
+          f"in {time.perf_counter() - start:.1f} s (SGLang {doc['meta']['sglang']})")
+    if args.out:
+        _write_json(args.out, doc)
+    return 0
+
+
+def _replay(args):
     import torch
 
     try:
@@ -475,6 +481,9 @@ def main(argv=None):
                     _write_json(args.json, dict(meta=meta, rows=rows))
     print(f"\n{meta}\n\n{summary_table(rows)}\n\n{results_table(rows)}")
     return 0
+
+
+COMMANDS = {"schedule": _schedule, "replay": _replay, "report": _report, "cost": _cost}
 
 
 if __name__ == "__main__":

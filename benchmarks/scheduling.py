@@ -20,7 +20,7 @@ from dataclasses import asdict
 from types import SimpleNamespace
 from typing import Optional
 
-from sglang_chunk_align import standins
+from sglang_chunk_align import releases, standins
 from sglang_chunk_align.compat import req_extend_end, req_prefix_len, sglang_at_least
 
 from .workload import (
@@ -99,7 +99,7 @@ def prefix_cache(radix, req_pool, allocator, page_size, chunk):
         disable=not radix, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator,
         page_size=page_size, chunked_prefill_size=chunk, tree_components=(ComponentType.FULL,),
     )
-    if not radix and not sglang_at_least("0.5.22"):
+    if not radix and not sglang_at_least(releases.UNIFIED_PREFIX_CACHE):
         from sglang.srt.mem_cache.chunk_cache import ChunkCache
 
         return ChunkCache(params)

@@ -18,7 +18,7 @@ import pkgutil
 import sys
 from importlib import metadata
 
-from . import patches, prefill_hooks, probe, releases, standins, verify
+from . import patches, probe, releases, standins, verify
 from .planning import Rules, plan, shape_coverage
 from .alignment import chunk_size_error
 from .kernel_facts import MEASURED_SHAPES, facts_for, installed_facts, installed_flashinfer
@@ -157,7 +157,7 @@ def run_doctor():
     version = installed_version()
     report = {
         "versions": {d: _dist_version(d) for d in ("sglang-chunk-align", "sglang", "flashinfer-python", "torch", "wrapt")},
-        "supported_sglang": str(SUPPORTED_SGLANG),
+        "supported_sglang": SUPPORTED_SGLANG,
         "switches": {name: value if isinstance(value, str) else int(value) for name, value in switch_values().items()},
         "grid_rules": None,
         "grid": None,
@@ -169,13 +169,14 @@ def run_doctor():
     }
     if version is None:  # said whatever else is wrong: a bad switch would hide it below
         report["problems"].append(str(sglang_missing()))
+    applied = contextlib.nullcontext()  # apply() would refuse for the reason found first
     try:
         report["problems"] += switch_refusals(check_switches(), version)
         if version is not None:  # without SGLang the patch points mean nothing
             warning = check_sglang_version(version)
             if warning:
                 report["warnings"].append(warning)
-            patches.apply(now=True)  # every point, imported by SGLang yet or not
+            applied = _plugin_applied(report)
     except ChunkAlignError as error:
         report["problems"].append(str(error))
     facts = installed_facts()
@@ -183,21 +184,36 @@ def run_doctor():
                               "summary": facts.describe(), "shapes": MEASURED_SHAPES}
     if not facts.measured:
         report["warnings"].append(facts_for(installed_flashinfer())[1])
-    if version is not None:  # without SGLang the patch points mean nothing
-        _check_release(report, version)
+    with applied:
+        if version is not None:
+            _check_release(report, version)
     report["ok"] = not report["problems"]
     return report
 
 
+@contextlib.contextmanager
+def _plugin_applied(report):
+    """Every patch point applied, imported by SGLang yet or not, while the report is made; stock
+    SGLang again afterwards. A point that cannot be applied is a problem in the report."""
+    try:
+        patches.apply(now=True)
+    except ChunkAlignError as error:
+        report["problems"].append(str(error))
+    try:
+        yield
+    finally:
+        patches.remove()
+
+
 def _check_release(report, version):
     """Each patch point's status and what the backends declare, on the installed release."""
-    rules_off = report["switches"][RULES_ENV] == 0
+    rules_off = report["switches"].get(RULES_ENV) == 0
     applied = patches.installed_names()
     release = patches.release_points(version)
     for point in patches.PATCH_POINTS:
         if point not in release:
             status = f"not for SGLang {version}"
-        elif rules_off and _is_grid_rule(point):
+        elif rules_off and point.grid_rule:
             status = RULES_OFF
         elif point.name in applied:
             status = "applied"
@@ -206,7 +222,7 @@ def _check_release(report, version):
         else:
             status = "not applied"
         report["patch_points"].append(
-            {"name": point.name, "versions": str(point.versions), "reason": point.reason, "status": status}
+            {"name": point.name, "versions": point.versions, "reason": point.reason, "status": status}
         )
     if not admits(patches.GRID_RULES_RELEASES, version):
         report["grid_rules"] = f"not on SGLang {version}: {releases.WITHOUT_GRID_RULES}"
@@ -225,12 +241,6 @@ def _check_release(report, version):
             report["problems"].append(
                 f"FlashInferAttnBackend does not declare {expected} under deterministic inference"
             )
-        patches.remove()
-
-
-def _is_grid_rule(point):
-    """A point that only runs planning.py's grid rules, which SGLANG_CHUNK_ALIGN_RULES=0 turns off."""
-    return getattr(point.wrapper, "__module__", None) == prefill_hooks.__name__
 
 
 def declared_alignments():

@@ -45,7 +45,7 @@ _ABSENT = object()
 
 
 # Neither frozen nor compared by value: every method a dataclass generates costs each process
-# that loads plugins ~0.2 ms at import, and nothing changes or compares the table's points.
+# that loads plugins ~1 ms at import (commit 304b862), and nothing changes or compares the table's points.
 @dataclass(eq=False)
 class PatchPoint:
     module: str
@@ -58,6 +58,8 @@ class PatchPoint:
     declare: object = _ABSENT
     member: object = _ABSENT
     opt_in: str = None  # environment switch (compat.env_flag) that selects the point
+    # It only runs planning.py's grid rules, which SGLANG_CHUNK_ALIGN_RULES=0 turns off (doctor says so).
+    grid_rule: bool = False
 
     def __post_init__(self):
         kinds = (self.wrapper is not None) + (self.declare is not _ABSENT) + (self.member is not _ABSENT)
@@ -68,6 +70,22 @@ class PatchPoint:
     def name(self):
         return f"{self.module}.{self.target}"
 
+    @property
+    def class_and_attribute(self):
+        """(the owning class's name, or None for a module attribute; the attribute's name)."""
+        class_name, _, attribute = self.target.rpartition(".")
+        return class_name or None, attribute
+
+
+def owner_of(point):
+    """(the module or class whose __dict__ holds the point's attribute, the attribute's name).
+
+    Imports the point's module; raises ImportError or AttributeError where SGLang lacks it.
+    """
+    class_name, attribute = point.class_and_attribute
+    owner = importlib.import_module(point.module)
+    return (getattr(owner, class_name) if class_name else owner), attribute
+
 
 def _declare(module, target, value, reason, versions=ALL_RELEASES):
     return PatchPoint(module, target, versions, reason, declare=value)
@@ -75,6 +93,11 @@ def _declare(module, target, value, reason, versions=ALL_RELEASES):
 
 def _wrap(module, target, wrapper, reason, versions=ALL_RELEASES):
     return PatchPoint(module, target, versions, reason, wrapper=wrapper)
+
+
+def _grid_rule(module, target, wrapper, reason, versions):
+    """A wrapper that only runs planning.py's grid rules (prefill_hooks.py)."""
+    return PatchPoint(module, target, versions, reason, wrapper=wrapper, grid_rule=True)
 
 
 def _add_member(module, target, member, reason, opt_in, versions=ALL_RELEASES):
@@ -105,7 +128,8 @@ PATCH_POINTS = (
              "FlashInferAttnBackend subclass whose prefill runs TRT-LLM kernels"),
     _declare(_ATTN + "llada2_cfg_flashinfer_backend",
              "LLaDA2CFGFlashInferAttnBackend.prefill_chunk_align", None,
-             "FlashInferAttnBackend subclass whose diffusion prefill is not chunked fa2", ">=0.5.22"),
+             "FlashInferAttnBackend subclass whose diffusion prefill is not chunked fa2",
+             f">={releases.LLADA2_CFG_BACKEND}"),
     _declare(_ATTN + "triton_backend", "TritonAttnBackend.prefill_chunk_align",
              property(backends.triton_prefill_chunk_align),
              "keeps what these releases aligned deterministic triton to", f"<{_STOCK_CHECK}"),
@@ -116,11 +140,12 @@ PATCH_POINTS = (
     *_forward(_ATTN + "tbo_backend", "TboAttnBackend", ("primary",),
               "runs its primary's prefill; from 0.5.15 its __getattr__ would, but a base-class default shadows it"),
     *_forward(_ATTN + "minimax_sparse_backend", "MiniMaxHybridAttnBackend", ("dense", "sparse"),
-              "dense and sparse layers both prefill; the chunk must suit both", ">=0.5.16"),
+              "dense and sparse layers both prefill; the chunk must suit both", f">={releases.MINIMAX_HYBRID_BACKEND}"),
     *_forward(_ATTN + "dots_hybrid_backend", "DotsSWAMLAAttnBackend", ("backend",),
-              "adds latent-cache SWA around its inner backend, which runs the prefill", ">=0.5.19"),
+              "adds latent-cache SWA around its inner backend, which runs the prefill",
+              f">={releases.DOTS_HYBRID_BACKENDS}"),
     *_forward(_ATTN + "dots_hybrid_backend", "DotsHybridAttnBackend", ("dsa_backend", "swa_backend"),
-              "DSA and SWA layers both prefill; the chunk must suit both", ">=0.5.19"),
+              "DSA and SWA layers both prefill; the chunk must suit both", f">={releases.DOTS_HYBRID_BACKENDS}"),
     _wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
           scheduler_hooks.init_alignment_and_check(rules_available=False),
           "stock maps backend names to the 4096-token split tile and has no startup check", f"<{releases.GRID_RULES}"),
@@ -136,29 +161,30 @@ PATCH_POINTS = (
     _wrap("sglang.srt.entrypoints.engine", "Engine._launch_subprocesses", scheduler_hooks.refuse_ray_schedulers,
           "Ray scheduler actors never load plugins: refuse deterministic flashinfer there, never run stock"),
     # The grid rules (planning.py), where SGLang has every admission path they need.
-    _wrap("sglang.srt.managers.schedule_batch", "match_kv_cache", prefill_hooks.match_on_grid,
-          "a radix hit may end anywhere; Req.init_next_round_input calls this module binding", _RADIX),
-    _wrap(_POLICY, "PrefillAdder._select_prefill_admission", prefill_hooks.admit_on_grid,
-          "SGLang floors a new request's chunk length but leaves final pieces too short for the full tile",
-          GRID_RULES_RELEASES),
-    _wrap(_POLICY, "PrefillAdder.floor_chunked_tokens", prefill_hooks.cut_on_grid,
-          "continuation and memory-pressure cuts are not aligned at all", _FLOOR),
-    _wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid,
-          "a continuation whose budget holds no grid cut waits, and a short final piece rides along", _FLOOR),
-    _wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_budget,
-          "as above; without floor_chunked_tokens the cut is taken from the adder's memory budget",
-          f">={releases.MEMORY_BUDGET},<{releases.FLOOR_CHUNKED_TOKENS}"),
-    _wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_extend,
-          "as above; without a memory budget object the cut is set through req.set_extend_range",
-          f"{GRID_RULES_RELEASES},<{releases.MEMORY_BUDGET}"),
-    _wrap(_POLICY, "PrefillAdder.add_one_req_ignore_eos", prefill_hooks.ignore_eos_on_grid,
-          "stock cuts an ignore_eos request at the chunk budget, off the grid; one with no grid cut "
-          "waits as a continuation does, before it reports to the prefill delayer", GRID_RULES_RELEASES),
-    _wrap(_POLICY, "PrefillAdder.add_one_req", prefill_hooks.keep_solo_tiles,
-          "fa2 picks one tile per batch; thin batches move members off their solo tile, "
-          "and requests behind a waiting chunked request would take its KV memory", GRID_RULES_RELEASES),
-    _wrap("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache.checkpoint", prefill_hooks.publish_full_tiles,
-          "the tree would serve KV computed in a prompt's partial final q-tile, or by decode", _RADIX),
+    _grid_rule("sglang.srt.managers.schedule_batch", "match_kv_cache", prefill_hooks.match_on_grid,
+                "a radix hit may end anywhere; Req.init_next_round_input calls this module binding", _RADIX),
+    _grid_rule(_POLICY, "PrefillAdder._select_prefill_admission", prefill_hooks.admit_on_grid,
+                "SGLang floors a new request's chunk length but leaves final pieces too short for the full tile",
+                GRID_RULES_RELEASES),
+    _grid_rule(_POLICY, "PrefillAdder.floor_chunked_tokens", prefill_hooks.cut_on_grid,
+                "continuation and memory-pressure cuts are not aligned at all", _FLOOR),
+    _grid_rule(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid,
+                "a continuation whose budget holds no grid cut waits, and a short final piece rides along", _FLOOR),
+    _grid_rule(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_budget,
+                "as above; without floor_chunked_tokens the cut is taken from the adder's memory budget",
+                f">={releases.MEMORY_BUDGET},<{releases.FLOOR_CHUNKED_TOKENS}"),
+    _grid_rule(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_extend,
+                "as above; without a memory budget object the cut is set through req.set_extend_range",
+                f"{GRID_RULES_RELEASES},<{releases.MEMORY_BUDGET}"),
+    _grid_rule(_POLICY, "PrefillAdder.add_one_req_ignore_eos", prefill_hooks.ignore_eos_on_grid,
+                "stock cuts an ignore_eos request at the chunk budget, off the grid; one with no grid cut "
+                "waits as a continuation does, before it reports to the prefill delayer", GRID_RULES_RELEASES),
+    _grid_rule(_POLICY, "PrefillAdder.add_one_req", prefill_hooks.keep_solo_tiles,
+                "fa2 picks one tile per batch; thin batches move members off their solo tile, "
+                "and requests behind a waiting chunked request would take its KV memory", GRID_RULES_RELEASES),
+    _grid_rule("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache.checkpoint",
+               prefill_hooks.publish_full_tiles,
+                "the tree would serve KV computed in a prompt's partial final q-tile, or by decode", _RADIX),
     _add_member("sglang.srt.arg_groups.choices", "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND",
                 "flashinfer", "stock turns the radix cache off under deterministic flashinfer",
                 RADIX_CACHE_ENV, _RADIX),
@@ -322,11 +348,8 @@ def _restore_all():
 
 def _resolve(point, version):
     """(owner, attribute, stock value in its __dict__), or ChunkAlignError."""
-    *class_name, attribute = point.target.split(".")
     try:
-        owner = importlib.import_module(point.module)
-        if class_name:
-            owner = getattr(owner, class_name[0])
+        owner, attribute = owner_of(point)
     except (ImportError, AttributeError) as error:
         raise ChunkAlignError(
             f"SGLang {version}: patch point {point.name} is missing or does not import "

@@ -30,6 +30,15 @@ RADIX_OPT_IN = "0.5.22"
 # First release with PrefillAdder.floor_chunked_tokens, where continuation cuts are hooked
 # directly.
 FLOOR_CHUNKED_TOKENS = "0.5.23"
+# First releases with these attention backends, whose declarations the patch table adds.
+MINIMAX_HYBRID_BACKEND = "0.5.16"
+DOTS_HYBRID_BACKENDS = "0.5.19"
+LLADA2_CFG_BACKEND = "0.5.22"
+# First release whose scheduler reads attention DP ranks from --attn-dp-size (get_parallel).
+ATTN_DP_SIZE = "0.5.23"
+# First release whose prefix cache with the radix cache off is a disabled UnifiedRadixCache (a
+# ChunkCache before), and which writes a batch's KV indices without a Triton kernel on CPU.
+UNIFIED_PREFIX_CACHE = "0.5.22"
 # What a release without the grid rules leaves inexact: the scheduler's startup
 # WARNING and doctor say it in these words.
 WITHOUT_GRID_RULES = (
@@ -49,3 +58,7 @@ NEWEST = "0.5.23"
 OLDER_WITH_GRID_RULES = "0.5.22"
 OLDEST_CPU_SCHEDULER = "0.5.13"
 OLDEST = "0.5.12"
+
+# SGLang's own CPU unit tests (paths in SGLang's repository) that reach the patched code; CI
+# fetches them at NEWEST's tag and tests/test_sglang_upstream.py runs them with the plugin loaded.
+UPSTREAM_UNIT_TESTS = ("test/registered/unit/managers/test_deterministic_chunk_align.py",)

@@ -9,6 +9,7 @@ signature; patches.py says where each one goes.
 """
 
 import logging
+import sys
 
 from . import prefill_hooks, releases
 from .alignment import chunk_size_error
@@ -20,14 +21,18 @@ logger = logging.getLogger("sglang_chunk_align")
 
 def live_backend(scheduler):
     """The attention backend the scheduler's model runs, or None on a bare Scheduler
-    (SGLang's own unit tests build one without a worker: the check then behaves as stock)."""
+    (SGLang's own unit tests build one without a worker: stock then answers)."""
     worker = getattr(scheduler, "tp_worker", None)
     return worker.model_runner.attn_backend if worker is not None else None
 
 
 def init_alignment_from_backend(wrapped, instance, args, kwargs):
-    """Replaces Scheduler.init_deterministic_inference_config."""
-    instance.truncation_align_size = live_backend(instance).prefill_chunk_align
+    """Replaces Scheduler.init_deterministic_inference_config. With no live backend there is
+    nothing to read the alignment from, so stock's answer stands."""
+    backend = live_backend(instance)
+    if backend is None:
+        return wrapped(*args, **kwargs)
+    instance.truncation_align_size = backend.prefill_chunk_align
 
 
 def init_alignment_and_check(rules_available):
@@ -35,48 +40,102 @@ def init_alignment_and_check(rules_available):
     startup check (before 0.5.22): without it a chunk below the alignment
     leaves long prompts waiting forever (SGLang issue 36344). Where this
     release has the PrefillAdder patch points, it also activates planning.py's
-    rules for them.
+    rules for them. Where the plugin is not armed (Startup.armed) stock had no
+    check, so none runs.
     """
 
     def init(wrapped, instance, args, kwargs):
         init_alignment_from_backend(wrapped, instance, args, kwargs)
-        _check_chunk(instance, rules_available)
+        startup = _arm(instance, rules_available)
+        if startup.armed:
+            _check_chunk_size(instance, startup)
 
     return init
 
 
 def check_chunk_and_activate_rules(wrapped, instance, args, kwargs):
     """Replaces Scheduler.check_truncation_align_fits_chunk (0.5.22+), which runs after the LCM
-    steps, and activates planning.py's rules for the PrefillAdder patch points."""
-    _check_chunk(instance, rules_available=True)
+    steps, and activates planning.py's rules for the PrefillAdder patch points. Where the
+    plugin is not armed, stock's own check answers (its message included)."""
+    startup = _arm(instance, rules_available=True)
+    if not startup.armed:
+        return wrapped(*args, **kwargs)
+    _check_chunk_size(instance, startup)
 
 
-def _check_chunk(scheduler, rules_available):
+class Startup:
+    """What the scheduler's live backend asks of the plugin, decided before anything changes.
+
+    A plain class, as prefill_hooks.Step: a dataclass's generated methods cost import time.
+    """
+
+    __slots__ = ("backend", "q_tile", "rules", "rules_available")
+
+    def __init__(self, backend, q_tile, rules, rules_available):
+        self.backend = backend  # the live attention backend, or None on a bare Scheduler
+        self.q_tile = q_tile  # what it declares as prefill_chunk_align
+        self.rules = rules  # the grid rules to activate, or None
+        self.rules_available = rules_available  # whether this release has the points the rules need
+
+    @property
+    def armed(self):
+        """A backend declares a chunk alignment (deterministic flashinfer): only then does the
+        plugin refuse, change or check anything; elsewhere SGLang runs as stock."""
+        return self.q_tile is not None
+
+
+def _arm(scheduler, rules_available):
+    """Decide, refuse what the decision cannot serve, then apply it; in that order, so that a
+    refused configuration changes nothing."""
+    startup = _decide(scheduler, rules_available)
+    _log(startup, scheduler.truncation_align_size)
+    if startup.armed:
+        _refuse(scheduler, startup)
+        if startup.rules is not None:
+            _keep_batches_on_solo_tiles(scheduler)
+    prefill_hooks.activate(startup.rules)
+    return startup
+
+
+def _decide(scheduler, rules_available):
     backend = live_backend(scheduler)
     q_tile = backend.prefill_chunk_align if backend is not None else None
-    align = scheduler.truncation_align_size
     rules = None
-    if q_tile is not None and align is not None and rules_available and env_flag(RULES_ENV, True):
+    armed_with_alignment = q_tile is not None and scheduler.truncation_align_size is not None
+    if armed_with_alignment and rules_available and env_flag(RULES_ENV, True):
         rules = _rules_for(scheduler, backend)
-    if backend is not None:
-        logger.info(
-            "sglang-chunk-align: prefill chunks aligned to %s (%s.prefill_chunk_align = %s); grid rules %s",
-            f"{align} tokens" if align else "nothing", type(backend).__name__, q_tile,
-            _describe_rules(rules, backend) if rules else "off" if rules_available
-            else "not available on this SGLang release",
-        )
-    _check_radix_cache(scheduler, q_tile)
-    if rules is not None:
+    return Startup(backend, q_tile, rules, rules_available)
+
+
+def _log(startup, align):
+    if startup.backend is None:
+        return
+    logger.info(
+        "sglang-chunk-align: prefill chunks aligned to %s (%s.prefill_chunk_align = %s); grid rules %s",
+        f"{align} tokens" if align else "nothing", type(startup.backend).__name__, startup.q_tile,
+        _describe_rules(startup.rules, startup.backend) if startup.rules else "off" if startup.rules_available
+        else "not available on this SGLang release",
+    )
+
+
+def _refuse(scheduler, startup):
+    """Configurations the plugin cannot keep bit-exact, refused at startup rather than served."""
+    _check_radix_cache(scheduler)
+    if startup.rules is not None:
         _refuse_paths_the_rules_cannot_keep(scheduler.server_args)
-        _keep_batches_on_solo_tiles(scheduler)
-    prefill_hooks.activate(rules)
+
+
+def _check_chunk_size(scheduler, startup):
+    """The chunk must cover the combined alignment and sit on the q-tile grid; a decode server
+    never prefills a prompt, so it is not checked."""
     if _is_decode_server(scheduler):
-        return  # A decode server never prefills a prompt.
-    if q_tile is not None and not rules_available:
+        return
+    if not startup.rules_available:
         logger.warning("sglang-chunk-align: no grid rules on this SGLang release: %s.", releases.WITHOUT_GRID_RULES)
+    chunk, align = scheduler.chunked_prefill_size, scheduler.truncation_align_size
+    rules = startup.rules
     problem = chunk_size_error(
-        scheduler.chunked_prefill_size, align, q_tile, _attn_dp_size(scheduler.server_args),
-        min_piece=rules.min_tail if rules is not None else None,
+        chunk, align, startup.q_tile, _attn_dp_size(scheduler), min_piece=rules.min_tail if rules is not None else None
     )
     if problem:
         raise ValueError(problem)
@@ -119,11 +178,12 @@ def _refuse_paths_the_rules_cannot_keep(server_args):
         )
 
 
-def _check_radix_cache(scheduler, q_tile):
-    """The radix opt-in matters under deterministic flashinfer, and only with the grid rules."""
-    if q_tile is None or not env_flag(RADIX_CACHE_ENV, False):
+def _check_radix_cache(scheduler):
+    """The radix opt-in matters under deterministic flashinfer (where the plugin is armed), and
+    only with the grid rules (compat.switch_refusals, which doctor makes too)."""
+    if not env_flag(RADIX_CACHE_ENV, False):
         return
-    refusals = switch_refusals(check_switches(), installed_version())  # doctor makes them too
+    refusals = switch_refusals(check_switches(), installed_version())
     if refusals:
         raise ValueError(refusals[0])
     if not getattr(scheduler.tree_cache, "disable", True) and scheduler.tree_cache.supports_mamba():
@@ -147,12 +207,16 @@ def _is_decode_server(scheduler):
     return getattr(mode, "value", mode) == "decode"
 
 
-def _attn_dp_size(server_args):
-    """Attention data-parallel ranks, as stock's check reads them (--attn-dp-size from 0.5.23)."""
-    try:
-        from sglang.srt.runtime_context import get_parallel
-    except ImportError:  # releases before the published runtime config
-        return server_args.dp_size if getattr(server_args, "enable_dp_attention", False) else 1
+def _attn_dp_size(scheduler):
+    """Attention data-parallel ranks, as stock's check reads them (--attn-dp-size from 0.5.23):
+    through the scheduler module's own binding of get_parallel where it has one."""
+    get_parallel = getattr(sys.modules[type(scheduler).__module__], "get_parallel", None)
+    if get_parallel is None:
+        try:
+            from sglang.srt.runtime_context import get_parallel
+        except ImportError:  # releases before the published runtime config
+            server_args = scheduler.server_args
+            return server_args.dp_size if getattr(server_args, "enable_dp_attention", False) else 1
     return get_parallel().attn_dp_size
 
 

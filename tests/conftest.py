@@ -20,7 +20,7 @@ from sglang_chunk_align.compat import installed_version, sglang_at_least
 
 # Nothing here may reach a model hub: SGLang's argument hooks look up model names.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-if sglang_at_least(releases.GRID_RULES) and not sglang_at_least("0.5.22"):
+if sglang_at_least(releases.GRID_RULES) and not sglang_at_least(releases.UNIFIED_PREFIX_CACHE):
     # The grid-rule tests build batches; these releases write a batch's KV indices with a
     # Triton kernel even without a GPU (support_triton reads only the backend name), which
     # Triton's interpreter runs on CPU.

@@ -48,7 +48,7 @@ def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, shape=None, page_
     cfg = workload.SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True, rules=rules)
     with scheduling.sglang_config(cfg, radix, page_size) as server_args:
         align = scheduling.truncation_align_size(server_args, shape, page_size)
-        assert prefill_hooks.rules_in_force == (
+        assert prefill_hooks.rules_in_force() == (
             None if not rules else Rules(shape.group, shape.head_dim, page_size) if shape else Rules(page_size=page_size)
         )
         return requests, scheduling.SchedulerDriver(spec, cfg, radix, align, page_size).run(arrivals)

@@ -11,7 +11,7 @@ import pytest
 
 # Runs the comma-separated steps in $ORDER, then prints the patch points' state as JSON.
 ORDER_SCRIPT = r'''
-import importlib, json, os
+import json, os
 import wrapt
 from sglang_chunk_align import patches
 
@@ -20,10 +20,7 @@ ABSENT = object()
 def owner_dicts():
     state = {}
     for point in patches.release_points(patches.installed_version()):
-        *class_name, attribute = point.target.split(".")
-        owner = importlib.import_module(point.module)
-        if class_name:
-            owner = getattr(owner, class_name[0])
+        owner, attribute = patches.owner_of(point)
         state[point.name] = owner.__dict__.get(attribute, ABSENT)
     return state
 
@@ -125,15 +122,16 @@ def test_remove_before_import_leaves_stock(run_order):
 
 
 LAZY_SCRIPT = r'''
-import sys
+import json, sys
 import sglang.srt.managers.detokenizer_manager  # what a detokenizer process has imported
 from sglang.srt.plugins import load_plugins
 from sglang_chunk_align import patches
 load_plugins()
-print("scheduler imported by the plugin:", "sglang.srt.managers.scheduler" in sys.modules)
-print("installed before:", sorted(patches.installed_names()))
+report = {"scheduler imported by the plugin": "sglang.srt.managers.scheduler" in sys.modules,
+          "installed before": sorted(patches.installed_names())}
 import sglang.srt.managers.scheduler
-print("scheduler points after import:", sorted(n for n in patches.installed_names() if ".scheduler." in n))
+report["scheduler points after import"] = sorted(n for n in patches.installed_names() if ".scheduler." in n)
+print(json.dumps(report))
 '''
 
 
@@ -141,12 +139,11 @@ def test_points_are_installed_when_sglang_imports_their_module(fresh_python):
     """A process that never schedules does not import the scheduler for the plugin's sake."""
     result = fresh_python(LAZY_SCRIPT, SGLANG_PLUGINS="chunk_align")
     assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.strip().splitlines()[-3:]
-    assert lines[0] == "scheduler imported by the plugin: False"
-    installed_before = eval(lines[1].split(": ", 1)[1])
-    assert not any(".managers.scheduler." in name for name in installed_before)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["scheduler imported by the plugin"] is False
+    assert not any(".managers.scheduler." in name for name in report["installed before"])
     scheduler_points = sorted(p.name for p in _release_points() if p.module == "sglang.srt.managers.scheduler")
-    assert eval(lines[2].split(": ", 1)[1]) == scheduler_points
+    assert report["scheduler points after import"] == scheduler_points
 
 
 FAILING_ON_IMPORT = r'''

@@ -2,11 +2,9 @@
 and an install that fails partway leaves SGLang stock."""
 
 import configparser
-import importlib
 import os
 
 import pytest
-from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from sglang_chunk_align import patches, releases
@@ -19,10 +17,7 @@ def _owner_dicts():
     """Point name -> what its owner's __dict__ holds now, for this release's points."""
     state = {}
     for point in patches.release_points(installed_version()):
-        *class_name, attribute = point.target.split(".")
-        owner = importlib.import_module(point.module)
-        if class_name:
-            owner = getattr(owner, class_name[0])
+        owner, attribute = patches.owner_of(point)
         state[point.name] = vars(owner).get(attribute)
     return state
 
@@ -33,13 +28,21 @@ def _owner_dicts():
 )
 def test_a_point_has_exactly_one_kind(kinds):
     with pytest.raises(ValueError, match="exactly one of wrapper, declare and member"):
-        patches.PatchPoint("m", "C.f", SpecifierSet(""), "test", **kinds)
+        patches.PatchPoint("m", "C.f", patches.ALL_RELEASES, "test", **kinds)
 
 
 def test_every_table_point_has_one_kind():
     for point in (*patches.PATCH_POINTS, patches.FAILURE_GUARD):
         kinds = [point.wrapper is not None, point.declare is not patches._ABSENT, point.member is not patches._ABSENT]
         assert kinds.count(True) == 1, point.name
+
+
+def test_the_grid_rule_points_are_the_prefill_hooks():
+    """doctor reports these off under SGLANG_CHUNK_ALIGN_RULES=0: exactly the wrappers that run the rules."""
+    from sglang_chunk_align import prefill_hooks
+
+    for point in patches.PATCH_POINTS:
+        assert point.grid_rule == (getattr(point.wrapper, "__module__", None) == prefill_hooks.__name__), point.name
 
 
 @pytest.mark.parametrize("release", releases.RELEASES)

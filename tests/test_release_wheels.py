@@ -21,7 +21,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from sglang_chunk_align import prefill_hooks
@@ -116,14 +115,14 @@ def _bindings(body):
 
 def point_problems(wheel, point):
     """What patches._resolve would refuse for `point` in `wheel`, plus signature changes."""
-    *class_name, attribute = point.target.split(".")
+    class_name, attribute = point.class_and_attribute
     bound = wheel.bindings(point.module)
     if bound is None:
         return [f"{point.name}: no module {point.module}"]
     if class_name:
-        owner = bound.get(class_name[0])
+        owner = bound.get(class_name)
         if not isinstance(owner, ast.ClassDef):
-            return [f"{point.name}: no class {class_name[0]} in {point.module}"]
+            return [f"{point.name}: no class {class_name} in {point.module}"]
         bound = _bindings(owner.body)
     stock = bound.get(attribute)
     if point.member is not _ABSENT:
@@ -160,7 +159,26 @@ def _wrapped_problems(wheel, point, stock, class_name):
     if call and not _calls(stock, *call):
         callee, keyword = call
         return [f"{point.name}: no call {callee}({f'{keyword}=...' if keyword else ''}) in {where}"]
+    if point.wrapper is prefill_hooks.continue_on_grid_by_budget and not _waits_when_nothing_fits(stock):
+        return [f"{point.name}: does not return req when memory_budget.fit_chunk answers None, in {where}"]
     return []
+
+
+def _waits_when_nothing_fits(function):
+    """Whether stock returns the request at once when fit_chunk answers None: the "no grid cut"
+    answer of continue_on_grid_by_budget's fit_chunk is that None."""
+    for node in ast.walk(function):
+        body = getattr(node, "body", None)
+        for statement, following in zip(body, body[1:]) if isinstance(body, list) else ():
+            if (
+                isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Call)
+                and ast.unparse(statement.value.func) == "self.memory_budget.fit_chunk"
+                and isinstance(following, ast.If)
+                and ast.unparse(following.test) == f"{ast.unparse(statement.targets[0])} is None"
+                and [ast.unparse(s) for s in following.body] == ["return req"]
+            ):
+                return True
+    return False
 
 
 def _calls(function, callee, keyword):
@@ -191,7 +209,7 @@ def test_every_release_point_fits_the_release(release):
 
 
 def _wrong(target, module="sglang.srt.managers.scheduler", **kind):
-    return PatchPoint(module, target, SpecifierSet(">=0"), "deliberately wrong", **kind)
+    return PatchPoint(module, target, ">=0", "deliberately wrong", **kind)
 
 
 @pytest.mark.parametrize(
@@ -222,6 +240,18 @@ def test_checker_reports_a_missing_call(wrapper, release, reported):
     point = _wrong("PrefillAdder.add_chunked_req", "sglang.srt.managers.schedule_policy", wrapper=wrapper)
     (problem,) = point_problems(release_wheel(release), point)
     assert reported in problem
+
+
+@pytest.mark.parametrize(
+    "source, waits",
+    [
+        ("def f(self, req):\n    n = self.memory_budget.fit_chunk(extend_input_len=1)\n    if n is None:\n        return req", True),
+        ("def f(self, req):\n    n = self.memory_budget.fit_chunk(extend_input_len=1)\n    if n is None:\n        n = 0", False),
+    ],
+)
+def test_wait_check_reads_what_stock_does_when_nothing_fits(source, waits):
+    (function,) = ast.parse(source).body
+    assert _waits_when_nothing_fits(function) is waits
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,7 @@ def test_dp_attention_message_names_the_total_size():
     assert "split across 2 DP attention ranks" in message and "at least 256" in message
 
 
-@pytest.mark.skipif(not sglang_at_least("0.5.23"), reason="--attn-dp-size came with SGLang 0.5.23")
+@pytest.mark.skipif(not sglang_at_least(releases.ATTN_DP_SIZE), reason=f"--attn-dp-size came with SGLang {releases.ATTN_DP_SIZE}")
 def test_dp_attention_size_is_read_as_stock_reads_it(plugin):
     with pytest.raises(ValueError, match="split across 2 DP attention ranks.*at least 256"):
         scheduler_alignment(chunk=100, attn_dp_size=2, tp_size=2)
@@ -132,7 +132,7 @@ def test_mixed_chunk_stays_on_without_the_rules(plugin, monkeypatch):
 def test_rules_take_the_grid_from_the_planned_heads_and_log_it(plugin, caplog):
     with caplog.at_level("INFO", logger="sglang_chunk_align"):
         scheduler_alignment(lambda: flashinfer_backend(planned=(32, 8, 128)), chunk=128, state={"page_size": 16})
-    assert prefill_hooks.rules_in_force == Rules(group=4, head_dim=128, page_size=16)
+    assert prefill_hooks.rules_in_force() == Rules(group=4, head_dim=128, page_size=16)
     assert (
         "grid rules on: 32-token grid, pieces over 16 tokens (GQA group 4, head_dim 128, page 16; "
         "flashinfer 0.7.2 kernel facts, measured: chunk starts on 128-row q-tiles), "
@@ -183,7 +183,7 @@ def test_an_unmeasured_flashinfer_gets_the_strictest_facts_and_one_warning(plugi
 def test_rules_stay_conservative_where_the_geometry_is_unknown(plugin, caplog):
     with caplog.at_level("INFO", logger="sglang_chunk_align"):
         scheduler_alignment(chunk=256)
-    assert prefill_hooks.rules_in_force == Rules()
+    assert prefill_hooks.rules_in_force() == Rules()
     assert "128-token grid, pieces over 64 tokens" in caplog.text and "geometry unknown" in caplog.text
 
 
@@ -224,7 +224,7 @@ def test_bare_scheduler_without_a_worker_checks_as_stock(plugin):
     check(4096, 256, DisaggregationMode.DECODE)
     with pytest.raises(ValueError, match="at least 4096"):
         check(4096, 256)
-    assert prefill_hooks.rules_in_force is None
+    assert prefill_hooks.rules_in_force() is None
 
 
 @needs_stock_check
@@ -232,7 +232,7 @@ def test_no_alignment_arms_no_rules(plugin):
     with published(chunk=256) as server_args:
         stand_in = scheduler(server_args, flashinfer_backend(), truncation_align_size=None)
         stand_in.check_truncation_align_fits_chunk()
-    assert prefill_hooks.rules_in_force is None
+    assert prefill_hooks.rules_in_force() is None
 
 
 @needs_grid_rules
@@ -261,13 +261,14 @@ def test_releases_without_the_grid_rules_warn_what_is_not_bit_exact(plugin, capl
     """On releases before the grid rules the startup check runs with rules_available=False."""
     from sglang_chunk_align import scheduler_hooks
 
+    init_and_check = scheduler_hooks.init_alignment_and_check(rules_available=False)
     with published(chunk=256) as server_args:
-        stand_in = scheduler(server_args, flashinfer_backend(), truncation_align_size=128)
+        stand_in = scheduler(server_args, flashinfer_backend())
         with caplog.at_level("WARNING", logger="sglang_chunk_align"):
-            scheduler_hooks._check_chunk(stand_in, rules_available=False)
+            init_and_check(None, stand_in, (), {})
     assert f"no grid rules on this SGLang release: {releases.WITHOUT_GRID_RULES}." in caplog.text
     caplog.clear()
     with published(deterministic=False, chunk=256) as server_args:
-        stand_in = scheduler(server_args, flashinfer_backend(), truncation_align_size=None)
-        scheduler_hooks._check_chunk(stand_in, rules_available=False)
+        stand_in = scheduler(server_args, flashinfer_backend())
+        init_and_check(None, stand_in, (), {})
     assert "no grid rules" not in caplog.text  # only where deterministic flashinfer runs
