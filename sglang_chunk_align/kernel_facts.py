@@ -123,11 +123,17 @@ FI072 = KernelFacts(
          "GQA 1 head_dim 128, chat workload", "benchmarks/logs/h200_probe_inherited_rows.log"),
         ("decoded rows differ from the solo prefill's (192 of 192)", "GQA 1, 4, 8 at 128, GQA 2 at 256",
          "benchmarks/logs/h200_probe_decode_rows.log"),
+        *((f"`sglang-chunk-align probe` reproduces every fact (24 cases a shape) at head_dim {d}",
+           "GQA 1, 4, 8", f"tests/gpu/evidence/probe_h200_fi072_d{d}.json") for d in (128, 256)),
+        ("head_dim 512: starts on the grid exact, off it not, partial-tile rows as at 128, decoded rows "
+         "differ; final pieces on the 16-row tile were exact where the source's thresholds (kept, the "
+         "stricter reading) predict a tile change", "GQA 1, 4, 8 at head_dim 512",
+         "tests/gpu/evidence/probe_h200_fi072_d512.json"),
     ),
 )
 
-# flashinfer 0.7.4, same machine and probe, 2026-12-01. Decoded rows were not measured: 0.7.2's
-# (strict) fact stands.
+# flashinfer 0.7.4, same machine and probe, 2026-12-01; `sglang-chunk-align probe` confirmed every
+# fact at GQA 1, 4, 8 and head_dim 128 and 256, decoded rows included (they differ, as on 0.7.2).
 FI074 = KernelFacts(
     flashinfer="0.7.4",
     grid_rows=None,
@@ -139,7 +145,8 @@ FI074 = KernelFacts(
          "head_dim 128, GQA 2 at 256", "tests/gpu/evidence/fa2_probe_h200_fi074.json"),
         ("final pieces of 4, 6, 16 tokens and a chunk with 15 one-token extends not exact (tile as 0.7.2)",
          "GQA 4 head_dim 128", "tests/gpu/evidence/fa2_probe_h200_fi074.json"),
-        ("decoded rows: not measured on 0.7.4 (0.7.2's fact kept)", "", ""),
+        *((f"`sglang-chunk-align probe`: every fact holds at head_dim {d}; decoded rows differ from the "
+           "solo prefill's", "GQA 1, 4, 8", f"tests/gpu/evidence/probe_h200_fi074_d{d}.json") for d in (128, 256)),
     ),
 )
 
