@@ -215,16 +215,15 @@ class Server:
 
 
 def decode_graph_flag():
-    """The largest decode batch with a CUDA graph (a short capture): 0.5.23 split the old
-    --cuda-graph-max-bs into decode and prefill flags and refuses it as ambiguous."""
-    from importlib import util
+    """The flag for the largest decode batch with a CUDA graph (a short capture), by the release's
+    own argument parser: 0.5.22 split --cuda-graph-max-bs into decode and prefill flags, and
+    0.5.23 refuses the old name as ambiguous."""
+    from sglang.srt.server_args import ServerArgs
 
-    try:
-        fields = util.find_spec("sglang.srt.arg_groups.fields.exec_")
-    except ModuleNotFoundError:  # releases before the argument groups
-        fields = None
-    split = fields is not None and "cuda_graph_max_bs_decode" in open(fields.origin).read()
-    return "--cuda-graph-max-bs-decode" if split else "--cuda-graph-max-bs"
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    old = "--cuda-graph-max-bs"
+    return old if old in parser._option_string_actions else "--cuda-graph-max-bs-decode"
 
 
 def launcher():

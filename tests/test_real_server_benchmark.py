@@ -1,0 +1,41 @@
+"""benchmarks/real_server.py on CPU: the server command it builds for the installed SGLang, and
+its summary of the recorded H200 run. The servers themselves need a GPU (benchmarks/README.md,
+"Real servers")."""
+
+import json
+import pathlib
+
+from benchmarks import real_server
+
+RECORDED = pathlib.Path(real_server.__file__).parent / "real_server_h200_gemma2b.json"
+
+
+def test_the_server_command_uses_flags_this_release_parses():
+    """0.5.22 split --cuda-graph-max-bs into decode and prefill flags, and 0.5.23 refuses the old
+    name as ambiguous; SGLang's own parser must take the flag as given. Every supported release
+    has `sglang serve`."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    flag = real_server.decode_graph_flag()
+    parsed, unknown = parser.parse_known_args(["--model-path", "m", flag, "8"])
+    assert unknown == [] and 8 in (getattr(parsed, "cuda_graph_max_bs", None), getattr(parsed, "cuda_graph_max_bs_decode", None))
+    assert real_server.launcher()[-1] == "serve"
+
+
+def test_the_summary_of_the_recorded_run_reads_every_server():
+    """The recorded run: every plugin server identical, radix hits where the radix cache was on,
+    the three startup refusals said what they must."""
+    servers = json.loads(RECORDED.read_text())["servers"]
+    rows = {row["name"]: row for row in map(real_server._row, servers)}
+    plugin = [name for name in rows if name.startswith("plugin-chunk")]
+    assert len(plugin) == 7 and all(rows[name]["ok"] for name in plugin)
+    for name in plugin:
+        radix = name.endswith("radixon")
+        assert all(("cached 0" not in cell) == radix for key, cell in rows[name].items() if "/" in key), name
+    refusals = [e for e in servers if "refusal" in e]
+    assert [e["ok"] for e in refusals] == [True] * 3
+    assert all(any(e["expected"] in line for line in e["said"]) for e in refusals)
