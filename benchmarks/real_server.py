@@ -228,9 +228,9 @@ def decode_graph_flag():
 
 def launcher():
     """`sglang serve` where this release has it (0.5.23 recommends it), else launch_server."""
-    try:
-        import sglang.cli.serve  # noqa: F401
-    except ImportError:
+    from importlib import util
+
+    if util.find_spec("sglang.cli.serve") is None:
         return [sys.executable, "-m", "sglang.launch_server"]
     return [sys.executable, "-c", "import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; main()", "serve"]
 

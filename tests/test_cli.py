@@ -149,7 +149,9 @@ def test_doctor_without_sglang_says_so_once(fresh_python):
     )
     assert result.stdout.count("SGLang not installed") == 1
     assert "None" not in result.stdout and "not for SGLang" not in result.stdout
-    assert "WARNING" not in result.stdout
+    # Only an unmeasured flashinfer (0.5.22 pins 0.7.1) is warned of: its kernel facts are the strictest.
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == (not installed_facts().measured) and all("kernel facts were not measured" in w for w in warnings)
 
 
 def test_doctor_without_sglang_and_with_a_bad_switch_names_both(fresh_python):
