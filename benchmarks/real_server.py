@@ -50,6 +50,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 
 READY_TIMEOUT_S = 420
@@ -264,8 +265,8 @@ def phase_matrix(run):
     ]
     if "rules-off" in run.args.phases.split(","):
         configs.append((256, pages[0], "off", False))
-    for page in pages:
-        run.reference(page)
+    with ThreadPoolExecutor(len(pages)) as pool:  # the references start side by side
+        list(pool.map(run.reference, pages))
     for wave in range(0, len(configs), run.args.parallel):
         if run.time_left() < 60:
             run.record({"name": "matrix cut short", "ok": None, "expect_identical": False,
