@@ -39,3 +39,37 @@ def test_the_summary_of_the_recorded_run_reads_every_server():
     refusals = [e for e in servers if "refusal" in e]
     assert [e["ok"] for e in refusals] == [True] * 3
     assert all(any(e["expected"] in line for line in e["said"]) for e in refusals)
+
+
+GRANITE = pathlib.Path(real_server.__file__).parent / "logs" / "real_server_h200" / "granite-3.1-8b"
+
+
+def test_the_recorded_granite_runs_cover_the_matrix_identical():
+    """Granite-3.1-8B's shape on the H200 (benchmarks/README.md, "Real servers"): every chunk x
+    page x radix configuration ran, each identical in every pass of both workloads, with radix
+    hits exactly where the radix cache was on; the rules off reported as they came out."""
+    entries = [e for name in ("page1.json", "page16_radixoff.json", "page16_radixon.json")
+               for e in json.loads((GRANITE / name).read_text())["servers"]]
+    checked = {(e["chunk"], e["page"], e["radix"], e["rules"]): e for e in entries if "chunk" in e}
+    matrix = {(c, p, r, True) for c in (128, 256, 1024) for p in (1, 16) for r in ("off", "on")}
+    assert set(checked) == matrix | {(256, 1, "off", False)}
+    for (chunk, page, radix, rules), entry in checked.items():
+        passes = [p for w in entry["verify"]["workloads"].values() for p in w["passes"].values()]
+        assert entry["ok"] and entry["verify_exit"] == 0 and len(passes) == 4, (chunk, page, radix)
+        assert all(p["identical"] == p["requests"] == 12 for p in passes)
+        assert all((p["cached_tokens_total"] > 0) == (radix == "on") for p in passes)
+        said = "grid rules on" if rules else "grid rules off"
+        assert any(said in line for line in entry["plugin_lines"]), (chunk, page, radix)
+    refusals = [e for e in entries if "refusal" in e]
+    assert len(refusals) == 3 and all(e["ok"] and not e["started"] for e in refusals)
+
+
+def test_the_recorded_granite_cost_ratios_come_from_one_run():
+    """The cost table's ratios are the run's own numbers over stock at 4096 in the same run."""
+    cost = json.loads((GRANITE / "cost.json").read_text())["cost"]
+    assert [c["chunk"] for c in cost] == [256, 256, 4096]
+    stock = cost[2]
+    for entry in cost:
+        for key, ratio in entry["ratios_to_stock_4096"].items():
+            assert ratio == round(entry[key] / stock[key], 3)
+    assert cost[0]["itl_p99_s"] < stock["itl_p99_s"] < cost[0]["ttft_p99_s"]
