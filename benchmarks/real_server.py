@@ -11,7 +11,10 @@ your own model, or on dummy weights from a folder holding only a model's
 config.json (benchmarks/models/):
 
     python benchmarks/real_server.py --model-path Qwen/Qwen3-8B --out real_server.json
-    python benchmarks/real_server.py --model-path benchmarks/models/qwen3-8b --dummy --out real_server.json
+    python benchmarks/real_server.py --model-path benchmarks/models/granite-3.1-8b --dummy --out real_server.json
+
+(SGLang 0.5.23 builds Qwen3's and Llama's MLP with the CuTe DSL installed:
+benchmarks/models/qwen3-8b needs nvidia-cutlass-dsl, as a normal install has.)
 
 Phases (--phases, all by default):
 
