@@ -64,7 +64,7 @@ def cases(group, decode=True):
     for split in SPLITS:
         found += [Case("grid", f"uniform{c}", PROMPT_LEN, _uniform(c), split) for c in (128, 256, 100, 129, 1000)]
     found.append(Case("grid", "radix hit 1000", PROMPT_LEN, (0, 1000, PROMPT_LEN), SPLITS[0]))
-    for rows in (16, 24, 48, 64, 72):  # around fa2's thresholds (16, 32, 64 packed rows)
+    for rows in (16, 24, 48, 64, 72):  # at and around every tile threshold in kernel_facts (16, 32, 64 packed rows)
         tokens = max(1, rows // group)
         found.append(Case("tiles", f"final piece of {tokens}", 1024 + tokens, (0, 512, 1024, 1024 + tokens), SPLITS[0]))
     found += [Case("tiles", f"chunk 256 with {n} one-token extends", PROMPT_LEN, _uniform(256), SPLITS[0], extra=n)
