@@ -76,6 +76,17 @@ def test_declaration_that_sglang_already_has_is_a_changed_patch_point(monkeypatc
     assert not patches.installed_names()
 
 
+@pytest.mark.needs_radix_opt_in
+def test_list_that_already_holds_the_member_is_a_changed_patch_point(monkeypatch):
+    point = next(p for p in patch_table.PATCH_POINTS if isinstance(p, patches.AddMember))
+    owner, attribute = point.owner()
+    monkeypatch.setenv(point.opt_in, "1")
+    monkeypatch.setattr(owner, attribute, [*vars(owner)[attribute], point.member])
+    with pytest.raises(ChunkAlignError, match=f"{point.name} has changed: expected a list without {point.member!r}"):
+        patches.apply(patch_table, now=True)
+    assert _stock()
+
+
 def test_failed_load_guards_the_scheduler(sglang_version):
     from sglang.srt.managers.scheduler import Scheduler
 
