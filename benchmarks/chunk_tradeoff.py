@@ -8,11 +8,10 @@ benchmark measures both sides for one prompt prefilled alone, so the choice
 of chunk size can be made from numbers.
 
 Every step runs flashinfer's fa2 paged prefill planned exactly as SGLang's
-deterministic flashinfer backend (and benchmarks/replay_determinism.py) plans
-it: ``BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")``,
-page size 1, bf16, ``fixed_split_size`` (SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE,
-default 4096), ``forward(q, (k_cache, v_cache), causal=True,
-sm_scale=head_dim**-0.5)``. Chunk i covers query rows [s, e) over KV [0, e)
+deterministic flashinfer backend plans it, through the plan/forward call the
+probe and the replay run (sglang_chunk_align/fa2.py: page size 1, bf16,
+``fixed_split_size`` from SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE, default
+4096, causal). Chunk i covers query rows [s, e) over KV [0, e)
 and is planned and run as its own step, after a torch.cuda.synchronize().
 
 Per (shape, prompt, chunk) cell, ``measure`` records:
@@ -37,7 +36,8 @@ Two subcommands; run from the repository root:
     python -m benchmarks.chunk_tradeoff plot --json benchmarks/chunk_tradeoff_h200.json \
         --png benchmarks/chunk_tradeoff_h200.png                                 # CPU
 
-``measure`` imports only torch, flashinfer and the standard library.
+``measure`` imports only torch, flashinfer, the standard library and the plugin's fa2 and
+kernel-facts modules (which import nothing else).
 """
 
 import argparse
@@ -47,6 +47,7 @@ import statistics
 import sys
 import time
 
+from sglang_chunk_align import fa2
 from sglang_chunk_align.kernel_facts import FI072
 
 SHAPES = {  # name: (num_qo_heads, num_kv_heads, head_dim)
@@ -55,7 +56,6 @@ SHAPES = {  # name: (num_qo_heads, num_kv_heads, head_dim)
 }
 PROMPTS = (4096, 16384, 32768)
 CHUNKS = (128, 256, 512, 1024, 2048, 4096, None)  # None: unchunked (one step)
-SGLANG_DETERMINISTIC_WORKSPACE = 2048 * 1024 * 1024  # sglang 0.5.23 flashinfer_backend.py:451
 # Largest step of chunked prefill (qo rows [E - chunk, E), KV [0, E)) at SGLang's
 # usual chunked_prefill_size values, planned only, to map where 2 GiB stops sufficing.
 FRONTIER = (
@@ -106,28 +106,17 @@ class Fa2Steps:
     """One wrapper on one workspace; plans and runs steps the way SGLang's deterministic backend does."""
 
     def __init__(self, workspace, shape, split, k_cache, v_cache, kv_indices):
-        import flashinfer
-
-        self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
-        self.shape, self.split = shape, split
+        self.prefill = fa2.PagedPrefill(workspace, *shape)
+        self.split = split
         self.k_cache, self.v_cache, self.kv_indices = k_cache, v_cache, kv_indices
         self.spin_cycles = 1_000_000  # ~0.5 ms at the H200's ~2 GHz
 
     def plan(self, start, end):
-        import torch
-
-        num_qo_heads, num_kv_heads, head_dim = self.shape
-        self.wrapper.plan(
-            torch.tensor([0, end - start], dtype=torch.int32),
-            torch.tensor([0, end], dtype=torch.int32),
-            self.kv_indices[:end],
-            torch.ones(1, dtype=torch.int32),  # page size 1: every last page is full
-            num_qo_heads, num_kv_heads, head_dim, 1,
-            q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, fixed_split_size=self.split,
-        )
+        """One step of the prompt alone: query rows [start, end) over KV [0, end)."""
+        self.prefill.plan(fa2.indptr([end - start]), fa2.indptr([end]), self.kv_indices[:end], self.split)
 
     def forward(self, q):
-        return self.wrapper.forward(q, (self.k_cache, self.v_cache), causal=True, sm_scale=self.shape[2] ** -0.5)
+        return self.prefill.forward(q, self.k_cache, self.v_cache)
 
     def run(self, q_all, out, steps):
         """Plan and run every step; per-step (plan seconds, begin event, end event)."""
@@ -412,10 +401,10 @@ def main(argv=None):
     mes.add_argument("--prompts", nargs="+", type=int, default=list(PROMPTS))
     mes.add_argument("--chunks", nargs="+", type=int, default=[c for c in CHUNKS if c],
                      help="chunk sizes (unchunked is always measured, as the reference)")
-    mes.add_argument("--split", type=int, default=4096, help="fixed_split_size (SGLang's default prefill split tile)")
+    mes.add_argument("--split", type=int, default=fa2.PREFILL_SPLIT, help="fixed_split_size (SGLang's default prefill split tile)")
     mes.add_argument("--reps", type=int, default=7, help="timed repetitions (median reported)")
     mes.add_argument("--warmup", type=int, default=1)
-    mes.add_argument("--small-workspace", type=int, default=SGLANG_DETERMINISTIC_WORKSPACE,
+    mes.add_argument("--small-workspace", type=int, default=fa2.DETERMINISTIC_WORKSPACE_BYTES,
                      help="bytes; SGLang's deterministic flashinfer workspace")
     mes.add_argument("--big-workspace", type=int, default=16 << 30, help="bytes; the workspace the timings use")
     mes.add_argument("--budget-s", type=float, default=300, help="start no new shape after this many seconds")

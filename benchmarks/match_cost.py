@@ -15,7 +15,8 @@ import argparse
 import statistics
 import time
 
-from .scheduling import SchedulerDriver, sglang_config, truncation_align_size
+from sglang_chunk_align.scheduler_driver import SchedulerDriver, sglang_config, truncation_align_size
+
 from .workload import CONFIGS, SHAPES, SMALL_WORKLOAD, RequestSpec
 
 STOCK = next(c for c in CONFIGS if c.name == "upstream-128")  # the plugin without its rules: stock matching

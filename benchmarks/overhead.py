@@ -4,7 +4,7 @@ stock against the plugin, and what loading it adds to each SGLang process.
     python -m benchmarks.overhead [--rounds N] [--decisions N] [--runs N] [--spawn] [--json PATH] [--quick]
 
 1. Admission decisions. SGLang's real PrefillAdder, tree, pools and policy,
-   built by benchmarks.scheduling.SchedulerDriver, decide (a) a new request
+   built by sglang_chunk_align.scheduler_driver.SchedulerDriver, decide (a) a new request
    (`req.init_next_round_input(tree)` + `PrefillAdder.add_one_req`, which
    cover the plugin's match, solo-tile and grid-cut wrappers) and (b) a
    continuation (`PrefillAdder.add_chunked_req`). The two arms differ only in
@@ -12,7 +12,7 @@ stock against the plugin, and what loading it adds to each SGLang process.
    (stock-split-128) against the plugin with its grid rules (plugin-256),
    both chunk 256 and truncation_align_size 128, radix cache off (the
    deterministic default). Each arm is set up by the scheduler's own startup
-   check (scheduling.sglang_config + truncation_align_size); the arms
+   check (scheduler_driver.sglang_config + truncation_align_size); the arms
    alternate in short rounds, ABBA, after one warm-up round. Every decision
    gets a fresh adder and request, built outside the timed region, with the
    garbage collector off while a round runs.
@@ -49,7 +49,9 @@ import time
 from contextlib import contextmanager
 from importlib import metadata
 
-from .scheduling import SchedulerDriver, checkout_state, sglang_config, truncation_align_size
+from sglang_chunk_align.scheduler_driver import SchedulerDriver, sglang_config, truncation_align_size
+
+from .scheduling import checkout_state
 from .workload import CONFIGS, SHAPES, SMALL_WORKLOAD, RequestSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,6 +16,7 @@ import os
 from benchmarks.replay_determinism import Content, Fa2PagedPrefill, run_batches
 from benchmarks.scheduling import donor_runs, load_requests
 from benchmarks.workload import SHAPES
+from sglang_chunk_align import fa2
 
 SCHEDULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schedules_chat.json")
 
@@ -29,8 +30,8 @@ def main():
     requests = load_requests(doc)
     content = Content(requests, doc["group_lens"], shape, "cuda")
     kernel = Fa2PagedPrefill(shape)
-    solo = run_batches(content, kernel, [[(rid, 0, r.prompt_len)] for rid, r in requests.items()], 4096)
-    out = run_batches(content, kernel, schedule["steps"], 4096)
+    solo = run_batches(content, kernel, [[(rid, 0, r.prompt_len)] for rid, r in requests.items()], fa2.PREFILL_SPLIT)
+    out = run_batches(content, kernel, schedule["steps"], fa2.PREFILL_SPLIT)
     for rid, runs in sorted(donor_runs(schedule).items()):
         for donor, a, b in runs:
             theirs = out[content.offset[donor] + a: content.offset[donor] + b]

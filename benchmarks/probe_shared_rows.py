@@ -7,6 +7,7 @@ Run from the repository root: python3 -m benchmarks.probe_shared_rows
 """
 from benchmarks.replay_determinism import Fa2PagedPrefill, Content, run_batches
 from benchmarks.workload import RequestSpec, ModelShape
+from sglang_chunk_align import fa2
 
 
 def main():
@@ -16,7 +17,7 @@ def main():
             reqs = {0: RequestSpec(0, 0, short, 0, short - 1, 0), 1: RequestSpec(1, 0, long, 0, long - 1, 0)}
             content = Content(reqs, [long], shape, "cuda")
             kernel = Fa2PagedPrefill(shape)
-            out = run_batches(content, kernel, [[(0, 0, short)], [(1, 0, long)]], 4096)
+            out = run_batches(content, kernel, [[(0, 0, short)], [(1, 0, long)]], fa2.PREFILL_SPLIT)
             a = out[content.offset[0]: content.offset[0] + short - 1]
             b = out[content.offset[1]: content.offset[1] + short - 1]
             bad = (~(a == b).flatten(1).all(1)).nonzero().flatten().tolist()

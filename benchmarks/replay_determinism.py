@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import asdict
 
+from sglang_chunk_align import fa2
 from sglang_chunk_align.kernel_facts import facts_for
 
 from .analysis import predict_hazards, prediction_summary, schedule_stats
@@ -52,34 +53,26 @@ class Fa2PagedPrefill:
     """flashinfer fa2 paged prefill, planned the way SGLang's deterministic flashinfer backend plans it."""
 
     def __init__(self, shape: ModelShape, device="cuda"):
-        import flashinfer
         import torch
 
-        self.shape = shape
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        self.prefill = fa2.PagedPrefill(self.workspace, shape.num_qo_heads, shape.num_kv_heads, shape.head_dim)
         self.plan_calls, self.plan_s, self.events = 0, 0.0, []
 
     def __call__(self, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, fixed_split):
         import torch
 
-        shape = self.shape
         # plan() refills a pinned host buffer whose copy to the GPU the previous
         # step may not have made yet. SGLang reads each step's sampled tokens
         # before it plans the next, so the replay waits for the GPU here too.
         torch.cuda.synchronize()
         start = time.perf_counter()
-        self.wrapper.plan(
-            qo_indptr, kv_indptr, kv_indices,
-            torch.ones(len(qo_indptr) - 1, dtype=torch.int32),  # page size 1: every last page is full
-            shape.num_qo_heads, shape.num_kv_heads, shape.head_dim, 1,
-            q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, fixed_split_size=fixed_split,
-        )
+        self.prefill.plan(qo_indptr, kv_indptr, kv_indices, fixed_split)
         self.plan_s += time.perf_counter() - start
         self.plan_calls += 1
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        out = self.wrapper.forward(q, (k_cache, v_cache), causal=True, sm_scale=shape.head_dim**-0.5)
+        out = self.prefill.forward(q, k_cache, v_cache)
         end.record()
         self.events.append((begin, end))
         return out
@@ -152,8 +145,8 @@ def run_batches(content: Content, kernel, batches, fixed_split):
     for entries in batches:
         q_rows = torch.cat([torch.arange(offset[r] + s, offset[r] + e, device=dev) for r, s, e in entries])
         kv_indices = torch.cat([torch.arange(offset[r], offset[r] + e, device=dev) for r, _, e in entries])
-        qo_indptr = torch.tensor([0] + [e - s for _, s, e in entries], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        kv_indptr = torch.tensor([0] + [e for _, _, e in entries], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        qo_indptr = fa2.indptr([e - s for _, s, e in entries])
+        kv_indptr = fa2.indptr([e for _, _, e in entries])
         out[q_rows] = kernel(
             content.q[q_rows], content.k_cache, content.v_cache,
             qo_indptr, kv_indptr, kv_indices.to(torch.int32), fixed_split,

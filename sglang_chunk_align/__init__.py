@@ -9,9 +9,9 @@ from .alignment import PREFILL_Q_TILE_TOKENS
 
 
 def apply():
-    from .patches import apply
+    from . import patch_table, patches
 
-    apply()
+    patches.apply(patch_table)
 
 
 def remove():

@@ -6,7 +6,7 @@ declares the fa2 q-tile exactly when its deterministic fa2 paged prefill with
 a fixed split-KV size runs, and a wrapper forwards what the child that runs
 its prefill (EXTEND) declares. The geometry is what fa2's prefill is planned
 with (its packed rows per token and head_dim), so the grid rules can be
-counted in packed rows; None where it is unknown. patches.py installs these
+counted in packed rows; None where it is unknown. patch_table.py declares these
 as properties.
 """
 

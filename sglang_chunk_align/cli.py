@@ -18,7 +18,7 @@ import pkgutil
 import sys
 from importlib import metadata
 
-from . import patches, probe, releases, standins, verify
+from . import patch_table, patches, probe, releases, standins, verify
 from .planning import Rules, plan, shape_coverage
 from .alignment import chunk_size_error
 from .kernel_facts import MEASURED_SHAPES, facts_for, installed_facts, installed_flashinfer
@@ -196,7 +196,7 @@ def _plugin_applied(report):
     """Every patch point applied, imported by SGLang yet or not, while the report is made; stock
     SGLang again afterwards. A point that cannot be applied is a problem in the report."""
     try:
-        patches.apply(now=True)
+        patches.apply(patch_table, now=True)
     except ChunkAlignError as error:
         report["problems"].append(str(error))
     try:
@@ -209,8 +209,8 @@ def _check_release(report, version):
     """Each patch point's status and what the backends declare, on the installed release."""
     rules_off = report["switches"].get(RULES_ENV) == 0
     applied = patches.installed_names()
-    release = patches.release_points(version)
-    for point in patches.PATCH_POINTS:
+    release = patches.release_points(patch_table, version)
+    for point in patch_table.PATCH_POINTS:
         if point not in release:
             status = f"not for SGLang {version}"
         elif rules_off and point.grid_rule:
@@ -224,7 +224,7 @@ def _check_release(report, version):
         report["patch_points"].append(
             {"name": point.name, "versions": point.versions, "reason": point.reason, "status": status}
         )
-    if not admits(patches.GRID_RULES_RELEASES, version):
+    if not admits(patch_table.GRID_RULES_RELEASES, version):
         report["grid_rules"] = f"not on SGLang {version}: {releases.WITHOUT_GRID_RULES}"
     else:
         radix = "" if sglang_at_least(releases.RADIX_OPT_IN) else f"; {RADIX_OPT_IN_NEEDS}"

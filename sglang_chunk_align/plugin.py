@@ -3,8 +3,9 @@
 SGLang's load_plugins() calls load() in every process that loads plugins
 (the launcher, each scheduler rank, the detokenizer, the DP controller),
 logs any exception with its traceback ("Failed to execute general plugin")
-and carries on. load() patches lazily (patches.apply), so a process that
-never imports the scheduler pays almost nothing.
+and carries on. load() hands SGLang's table (patch_table) to patches.apply,
+which patches lazily, so a process that never imports the scheduler pays
+almost nothing.
 
 So a failure is logged here, once, as one ERROR line with its cause and
 remedy (compat.ChunkAlignError: a bad switch, an unsupported SGLang, a
@@ -16,15 +17,15 @@ scheduler refuse it with the same cause and remedy.
 
 import logging
 
+from . import patch_table, patches
 from .compat import ChunkAlignError
-from .patches import apply, install_failure_guard
 
 logger = logging.getLogger("sglang_chunk_align")
 
 
 def load():
     try:
-        apply()
+        patches.apply(patch_table)
     except ChunkAlignError as error:
         logger.error("%s", error.failure_report())
-        install_failure_guard(error)
+        patches.install_failure_guard(patch_table, error)

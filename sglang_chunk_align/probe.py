@@ -25,14 +25,13 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
+from . import fa2
 from .kernel_facts import facts_for, installed_flashinfer
 
 SEED = 20261129
 PROMPT_LEN = 2500
-SPLITS = (4096, 1024)  # SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE: SGLang's default, and a smaller one
-DECODE_SPLIT = 2048  # SGLANG_FLASHINFER_DECODE_SPLIT_TILE_SIZE default
+SPLITS = (fa2.PREFILL_SPLIT, 1024)  # SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE: SGLang's default, and a smaller one
 DECODE_STEPS = 8
-WORKSPACE_BYTES = 2 << 30  # SGLang's deterministic flashinfer workspace
 EXTRA_KV_TOKENS = 300  # KV of each one-token extend batched with a chunk
 EXACT, INEXACT, EITHER = "exact", "inexact", "either"
 # Exit statuses: the facts hold; some do not; nothing could be measured here.
@@ -65,7 +64,7 @@ def cases(group, decode=True):
     for split in SPLITS:
         found += [Case("grid", f"uniform{c}", PROMPT_LEN, _uniform(c), split) for c in (128, 256, 100, 129, 1000)]
     found.append(Case("grid", "radix hit 1000", PROMPT_LEN, (0, 1000, PROMPT_LEN), SPLITS[0]))
-    for rows in (16, 24, 48, 64, 72):  # around fa2's thresholds (16, 32, 64 packed rows)
+    for rows in (16, 24, 48, 64, 72):  # at and around every tile threshold in kernel_facts (16, 32, 64 packed rows)
         tokens = max(1, rows // group)
         found.append(Case("tiles", f"final piece of {tokens}", 1024 + tokens, (0, 512, 1024, 1024 + tokens), SPLITS[0]))
     found += [Case("tiles", f"chunk 256 with {n} one-token extends", PROMPT_LEN, _uniform(256), SPLITS[0], extra=n)
@@ -74,7 +73,7 @@ def cases(group, decode=True):
               for n in (1000, 1042, 2063)]
     if decode:
         found.append(Case("decoded_rows", f"last {DECODE_STEPS} rows decoded", PROMPT_LEN,
-                          (0, PROMPT_LEN - DECODE_STEPS), DECODE_SPLIT, decode=True))
+                          (0, PROMPT_LEN - DECODE_STEPS), fa2.DECODE_SPLIT, decode=True))
     return found
 
 
@@ -167,7 +166,6 @@ class Shape:
     seeded permutation as a KV pool hands them out."""
 
     def __init__(self, group, head_dim, workspace):
-        import flashinfer
         import torch
 
         self.group, self.head_dim = group, head_dim
@@ -185,7 +183,7 @@ class Shape:
         self.v = randn(pool, self.num_kv_heads, head_dim)
         self.slots = (torch.randperm(pool - 1, generator=gen, device=dev) + 1).to(torch.int32)
         self.workspace = workspace
-        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
+        self.paged_prefill = fa2.PagedPrefill(workspace, self.num_qo_heads, self.num_kv_heads, head_dim)
 
     def _request(self, i):
         """Slots of request i: 0 is the probed prompt, 1.. the one-token extends' KV."""
@@ -201,30 +199,20 @@ class Shape:
         dev = self.q.device
         kv = [self._request(i)[:end] for i, _, end in extends]
         q = torch.cat([self.q[self._request(i)[start:end].long()] for i, start, end in extends])
-        self.prefill_wrapper.plan(
-            torch.tensor([0] + [e - s for _, s, e in extends], dtype=torch.int32, device=dev).cumsum(0, dtype=torch.int32),
-            torch.tensor([0] + [e for _, _, e in extends], dtype=torch.int32, device=dev).cumsum(0, dtype=torch.int32),
-            torch.cat(kv),
-            torch.ones(len(extends), dtype=torch.int32, device=dev),
-            self.num_qo_heads, self.num_kv_heads, self.head_dim, 1,
-            q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, fixed_split_size=split,
+        self.paged_prefill.plan(
+            fa2.indptr([e - s for _, s, e in extends], dev), fa2.indptr([e for _, _, e in extends], dev), torch.cat(kv), split
         )
-        out = self.prefill_wrapper.forward(q, (self.k, self.v), causal=True, sm_scale=self.head_dim**-0.5)
+        out = self.paged_prefill.forward(q, self.k, self.v)
         return out[: extends[0][2] - extends[0][1]]
 
     def decode_rows(self, positions, split):
-        import flashinfer
         import torch
 
-        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=True)
+        decode = fa2.TensorCoreDecode(self.workspace, self.num_qo_heads, self.num_kv_heads, self.head_dim)
         slots, rows = self._request(0), []
         for p in positions:
-            wrapper.plan(
-                torch.tensor([0, p + 1], dtype=torch.int32), slots[: p + 1], torch.ones(1, dtype=torch.int32),
-                self.num_qo_heads, self.num_kv_heads, self.head_dim, 1,
-                q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, fixed_split_size=split,
-            )
-            rows.append(wrapper.forward(self.q[slots[p: p + 1].long()], (self.k, self.v), sm_scale=self.head_dim**-0.5))
+            decode.plan(slots[: p + 1], split)
+            rows.append(decode.forward(self.q[slots[p: p + 1].long()], self.k, self.v))
         return torch.cat(rows)
 
     def run(self, case):
@@ -275,7 +263,7 @@ def run_probe(groups, head_dims, decode=True):
     """
     import torch
 
-    workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+    workspace = torch.empty(fa2.DETERMINISTIC_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
     for head_dim in head_dims:
         failed = None
         for group in groups:

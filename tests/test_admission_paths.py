@@ -1,6 +1,6 @@
 """The grid rules in SGLang's real PrefillAdder, one admission path at a time.
 
-test_grid_rules.py drives whole schedules through benchmarks/scheduling.py;
+test_grid_rules.py drives whole schedules through the scheduler driver;
 these build SGLang's own PrefillAdder, Req, KV allocator and (disabled)
 prefix cache directly, so each path (continuation under a memory clamp, a
 riding final piece, a new request's cut, ignore_eos) is pinned on its own.
@@ -14,8 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import scheduling
-from sglang_chunk_align import prefill_hooks, standins
+from sglang_chunk_align import prefill_hooks, scheduler_driver, standins
 from sglang_chunk_align.compat import req_extend_end
 from sglang_chunk_align.planning import Rules
 
@@ -43,7 +42,7 @@ def adder_with(chunk, kv_tokens, rules, max_new_tokens=2):
         kv = MHATokenToKVPool(kv_tokens, 1, torch.bfloat16, 1, 1, 1, "cpu", False)
         allocator = TokenToKVPoolAllocator(kv_tokens, torch.bfloat16, "cpu", kv, need_sort=False)
         req_pool = ReqToTokenPool(4, 4096, "cpu", False)
-        tree = scheduling.prefix_cache(False, req_pool, allocator, 1, chunk)
+        tree = scheduler_driver.prefix_cache(False, req_pool, allocator, 1, chunk)
 
         def new_adder(running_batch=None):
             return PrefillAdder(1, tree, allocator, running_batch, 1.0, 16384, chunk, max_running_requests=4)

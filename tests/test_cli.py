@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from sglang_chunk_align import patches, releases
+from sglang_chunk_align import patch_table, patches, releases
 from sglang_chunk_align.alignment import chunk_size_error
 from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, sglang_at_least, switch_refusals
 from sglang_chunk_align.kernel_facts import MEASURED_SHAPES, installed_facts
@@ -51,12 +51,12 @@ def test_doctor_reports_a_working_install():
     report = json.loads(result.stdout)
     version = installed_version()
     assert report["ok"] and report["versions"]["sglang"] == str(version)
-    release = patches.release_points(version)
+    release = patches.release_points(patch_table, version)
     expected = [
         f"not for SGLang {version}" if p not in release
         else "off (opt in with SGLANG_CHUNK_ALIGN_RADIX_CACHE=1)" if p.opt_in
         else "applied"
-        for p in patches.PATCH_POINTS
+        for p in patch_table.PATCH_POINTS
     ]
     assert [p["status"] for p in report["patch_points"]] == expected
     assert "applied" in expected and f"not for SGLang {version}" in expected
@@ -123,7 +123,7 @@ def test_doctor_reports_the_grid_rules_off():
     assert report["switches"]["SGLANG_CHUNK_ALIGN_RULES"] == 0
     assert report["grid_rules"] == "off (SGLANG_CHUNK_ALIGN_RULES=0)" and report["grid"] is None
     off = [p["name"] for p in report["patch_points"] if p["status"] == "off (SGLANG_CHUNK_ALIGN_RULES=0)"]
-    assert off == [p.name for p in patches.release_points(installed_version()) if p.grid_rule]
+    assert off == [p.name for p in patches.release_points(patch_table, installed_version()) if p.grid_rule]
     assert len(off) >= 4  # at least the PrefillAdder's admission paths
     assert "sglang.srt.managers.scheduler.Scheduler.check_truncation_align_fits_chunk" not in off
 

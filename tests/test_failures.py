@@ -3,11 +3,12 @@
 import pytest
 from packaging.version import Version
 
-from sglang_chunk_align import patches, plugin, releases
+from sglang_chunk_align import patch_table, patches, plugin, releases
 from sglang_chunk_align.compat import ChunkAlignError, installed_version, sglang_at_least
 from sglang_chunk_align.standins import published, scheduler_alignment
 
 UNSUPPORTED_OLDER = "0.5.11"  # the release before releases.OLDEST
+GUARD = patch_table.failure_guard(ChunkAlignError("test"))
 
 
 def _stock():
@@ -27,14 +28,14 @@ def sglang_version(monkeypatch):
 def test_older_sglang_is_refused(sglang_version):
     sglang_version(UNSUPPORTED_OLDER)
     with pytest.raises(ChunkAlignError, match=f"SGLang {UNSUPPORTED_OLDER} is older than sglang-chunk-align supports"):
-        patches.apply()
+        patches.apply(patch_table)
     assert _stock()
 
 
 def test_newer_sglang_is_refused_without_the_override(sglang_version):
     sglang_version("0.6.0")
     with pytest.raises(ChunkAlignError, match="SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED=1"):
-        patches.apply()
+        patches.apply(patch_table)
     assert _stock()
 
 
@@ -44,23 +45,23 @@ def test_newer_sglang_is_refused_without_the_override(sglang_version):
 def test_newer_sglang_with_the_override_warns_and_checks_every_point(sglang_version, monkeypatch, caplog):
     sglang_version("0.6.0")
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED", "1")
-    patches.apply(now=True)
-    assert patches.installed_names() == {p.name for p in patches.release_points(Version("0.6.0")) if p.opt_in is None}
+    patches.apply(patch_table, now=True)
+    assert patches.installed_names() == {p.name for p in patches.release_points(patch_table, Version("0.6.0")) if p.opt_in is None}
     assert "newer than the tested range" in caplog.text
 
 
 def test_invalid_override_value_is_refused(monkeypatch):
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED", "yes")
     with pytest.raises(ChunkAlignError, match="SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='yes' is not valid"):
-        patches.apply()
+        patches.apply(patch_table)
     assert _stock()
 
 
 def test_missing_patch_point_names_version_and_symbol_and_patches_nothing(monkeypatch):
-    missing = patches._wrap("sglang.srt.managers.scheduler", "Scheduler.init_prefill_q_tiles", lambda *a: None, "test")
-    monkeypatch.setattr(patches, "PATCH_POINTS", patches.PATCH_POINTS + (missing,))
+    missing = patches.Wrap("sglang.srt.managers.scheduler", "Scheduler.init_prefill_q_tiles", lambda *a: None, "test")
+    monkeypatch.setattr(patch_table, "PATCH_POINTS", patch_table.PATCH_POINTS + (missing,))
     with pytest.raises(ChunkAlignError) as error:
-        patches.apply()
+        patches.apply(patch_table)
     assert f"SGLang {installed_version()}" in str(error.value)
     assert "sglang.srt.managers.scheduler.Scheduler.init_prefill_q_tiles" in str(error.value)
     assert _stock()
@@ -71,8 +72,19 @@ def test_declaration_that_sglang_already_has_is_a_changed_patch_point(monkeypatc
 
     monkeypatch.setattr(AttentionBackend, "prefill_chunk_align", 64, raising=False)
     with pytest.raises(ChunkAlignError, match="already exists in SGLang"):
-        patches.apply()
+        patches.apply(patch_table)
     assert not patches.installed_names()
+
+
+@pytest.mark.needs_radix_opt_in
+def test_list_that_already_holds_the_member_is_a_changed_patch_point(monkeypatch):
+    point = next(p for p in patch_table.PATCH_POINTS if isinstance(p, patches.AddMember))
+    owner, attribute = point.owner()
+    monkeypatch.setenv(point.opt_in, "1")
+    monkeypatch.setattr(owner, attribute, [*vars(owner)[attribute], point.member])
+    with pytest.raises(ChunkAlignError, match=f"{point.name} has changed: expected a list without {point.member!r}"):
+        patches.apply(patch_table, now=True)
+    assert _stock()
 
 
 def test_failed_load_guards_the_scheduler(sglang_version):
@@ -80,7 +92,7 @@ def test_failed_load_guards_the_scheduler(sglang_version):
 
     sglang_version(UNSUPPORTED_OLDER)
     plugin.load()  # logs the failure, never raises it: SGLang's loader would log it again
-    assert patches.installed_names() == {patches.FAILURE_GUARD.name}
+    assert patches.installed_names() == {GUARD.name}
     with pytest.raises(RuntimeError, match="Refusing to start deterministic flashinfer with stock chunk alignment"):
         scheduler_alignment(chunk=4096)
     for fields in ({"attention_backend": None}, {"attention_backend": "triton", "prefill_attention_backend": "flashinfer"}):
@@ -115,7 +127,7 @@ def test_failed_load_through_sglang_loader_is_logged_once_with_its_remedy(fresh_
         result.stderr, f"SGLang {UNSUPPORTED_OLDER} is older", "Upgrade SGLang to a supported release"
     )
     assert "Traceback" not in result.stderr
-    assert result.stdout.strip().endswith(repr([patches.FAILURE_GUARD.name]))
+    assert result.stdout.strip().endswith(repr([GUARD.name]))
 
 
 @pytest.mark.parametrize("switch, value", [("SGLANG_CHUNK_ALIGN_RULES", "yes"), ("SGLANG_CHUNK_ALIGN_RADIX_CACHE", "2")])
@@ -132,7 +144,7 @@ def test_invalid_switch_fails_at_load_through_sglang_loader(fresh_python, report
     assert result.returncode == 0, result.stderr[-2000:]
     reported_once(result.stderr, f"{switch}={value!r} is not valid: use 1 or 0", f"Fix {switch} (1 or 0, or unset).")
     assert "Traceback" not in result.stderr
-    assert result.stdout.strip().endswith(repr([patches.FAILURE_GUARD.name]))
+    assert result.stdout.strip().endswith(repr([GUARD.name]))
 
 
 def test_failed_load_carries_the_remedy_for_its_cause(monkeypatch, sglang_version):
@@ -140,7 +152,7 @@ def test_failed_load_carries_the_remedy_for_its_cause(monkeypatch, sglang_versio
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "yes")
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED", "no")
     with pytest.raises(ChunkAlignError) as bad_switch:
-        patches.apply()
+        patches.apply(patch_table)
     assert "SGLANG_CHUNK_ALIGN_RULES='yes'" in str(bad_switch.value)
     assert "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='no'" in str(bad_switch.value)
     assert bad_switch.value.remedy == "Fix SGLANG_CHUNK_ALIGN_RULES, SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED (1 or 0, or unset)."
@@ -148,7 +160,7 @@ def test_failed_load_carries_the_remedy_for_its_cause(monkeypatch, sglang_versio
     monkeypatch.delenv("SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED")
     sglang_version(UNSUPPORTED_OLDER)
     with pytest.raises(ChunkAlignError) as older:
-        patches.apply()
+        patches.apply(patch_table)
     assert older.value.remedy.startswith("Upgrade SGLang to a supported release")
 
 

@@ -1,6 +1,6 @@
 """The grid rules inside SGLang's real PrefillAdder, over random workloads.
 
-benchmarks/scheduling.py drives SGLang's own scheduling
+sglang_chunk_align/scheduler_driver.py drives SGLang's own scheduling
 objects step by step (PrefillAdder, Req, the radix cache, the KV allocator);
 these tests run it with the plugin on random prompts, shared prefixes,
 arrival orders, chunk sizes and KV budgets, and check every prefill batch.
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks import analysis, scheduling, workload
-from sglang_chunk_align import prefill_hooks, releases
+from sglang_chunk_align import prefill_hooks, releases, scheduler_driver
 from sglang_chunk_align.compat import sglang_at_least
 from sglang_chunk_align.planning import Rules, tile_conflicts
 
@@ -46,12 +46,12 @@ def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, shape=None, page_
         max_running_requests=16,
     )
     cfg = workload.SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True, rules=rules)
-    with scheduling.sglang_config(cfg, radix, page_size) as server_args:
-        align = scheduling.truncation_align_size(server_args, shape, page_size)
+    with scheduler_driver.sglang_config(cfg, radix, page_size) as server_args:
+        align = scheduler_driver.truncation_align_size(server_args, shape, page_size)
         assert prefill_hooks.rules_in_force() == (
             None if not rules else Rules(shape.group, shape.head_dim, page_size) if shape else Rules(page_size=page_size)
         )
-        return requests, scheduling.SchedulerDriver(spec, cfg, radix, align, page_size).run(arrivals)
+        return requests, scheduler_driver.SchedulerDriver(spec, cfg, radix, align, page_size).run(arrivals)
 
 
 def assert_every_batch_is_exact(requests, result, chunk, rules=RULES, shape=None):

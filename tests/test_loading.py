@@ -13,14 +13,14 @@ import pytest
 ORDER_SCRIPT = r'''
 import json, os
 import wrapt
-from sglang_chunk_align import patches
+from sglang_chunk_align import patch_table, patches
 
 ABSENT = object()
 
 def owner_dicts():
     state = {}
-    for point in patches.release_points(patches.installed_version()):
-        owner, attribute = patches.owner_of(point)
+    for point in patches.release_points(patch_table, patches.installed_version()):
+        owner, attribute = point.owner()
         state[point.name] = owner.__dict__.get(attribute, ABSENT)
     return state
 
@@ -34,8 +34,11 @@ for step in os.environ["ORDER"].split(","):
     elif step == "load":
         from sglang_chunk_align.plugin import load
         load()
+    elif step == "apply":
+        patches.apply(patch_table)
     else:
-        getattr(patches, step)()
+        assert step == "remove", step
+        patches.remove()
 
 final = owner_dicts()
 print(json.dumps({
@@ -62,9 +65,9 @@ def run_order(fresh_python):
 
 
 def _release_points():
-    from sglang_chunk_align import patches
+    from sglang_chunk_align import patch_table, patches
 
-    return patches.release_points(patches.installed_version())
+    return patches.release_points(patch_table, patches.installed_version())
 
 
 def _all_points():
@@ -73,12 +76,16 @@ def _all_points():
 
 
 def _methods():
-    return sorted(p.name for p in _release_points() if p.wrapper is not None)
+    from sglang_chunk_align.patches import Wrap
+
+    return sorted(p.name for p in _release_points() if isinstance(p, Wrap))
 
 
 def _stock_methods_only(state):
     """What stock SGLang has: the wrapped functions, unwrapped, the lists, and no declarations."""
-    stock = sorted(p.name for p in _release_points() if p.wrapper is not None or p.opt_in is not None)
+    from sglang_chunk_align.patches import Declare
+
+    stock = sorted(p.name for p in _release_points() if not isinstance(p, Declare))
     return state["present"] == stock and state["wrapped"] == [] and state["installed"] == []
 
 
@@ -148,11 +155,11 @@ def test_points_are_installed_when_sglang_imports_their_module(fresh_python):
 
 FAILING_ON_IMPORT = r'''
 import logging
-from sglang_chunk_align import patches, standins
-broken = patches._declare("sglang.srt.layers.attention.hybrid_attn_backend", "NoSuchBackend.prefill_chunk_align",
-                          None, "a point this release does not have")
-patches.PATCH_POINTS = patches.PATCH_POINTS + (broken,)
-patches.apply()
+from sglang_chunk_align import patch_table, patches, standins
+broken = patches.Declare("sglang.srt.layers.attention.hybrid_attn_backend", "NoSuchBackend.prefill_chunk_align",
+                         None, "a point this release does not have")
+patch_table.PATCH_POINTS = patch_table.PATCH_POINTS + (broken,)
+patches.apply(patch_table)
 print("applied:", patches.state())
 import sglang.srt.layers.attention.hybrid_attn_backend  # SGLang imports the module: the point fails
 print("after the import:", patches.state(), sorted(patches.installed_names()))
@@ -168,18 +175,20 @@ def test_a_point_failing_when_its_module_is_imported_restores_stock_and_guards(f
     assert result.returncode == 0, result.stderr[-3000:]
     applied, after, refused = result.stdout.strip().splitlines()[-3:]
     assert applied == "applied: applied"
-    from sglang_chunk_align import patches
+    from sglang_chunk_align import patch_table
+    from sglang_chunk_align.compat import ChunkAlignError
 
     assert after == "after the import: guarded []"  # stock everywhere; the guard waits for the scheduler
-    assert refused.startswith(f"scheduler: {[patches.FAILURE_GUARD.name]!r}")
+    guard = patch_table.failure_guard(ChunkAlignError("test"))
+    assert refused.startswith(f"scheduler: {[guard.name]!r}")
     assert "NoSuchBackend" in refused and "Refusing to start deterministic flashinfer" in refused
     assert "sglang-chunk-align FAILED: SGLang" in result.stderr and "NoSuchBackend" in result.stderr
 
 
 def _gates():
-    from sglang_chunk_align import compat, patches
+    from sglang_chunk_align import compat, patch_table
 
-    return sorted({compat.SUPPORTED_SGLANG, patches.GRID_RULES_RELEASES, *(p.versions for p in patches.PATCH_POINTS)})
+    return sorted({compat.SUPPORTED_SGLANG, patch_table.GRID_RULES_RELEASES, *(p.versions for p in patch_table.PATCH_POINTS)})
 
 
 def _near(bound):
@@ -214,11 +223,15 @@ def test_a_gate_with_another_operator_is_refused(gate):
         compat.admits(gate, Version("0.5.12"))
 
 
-def test_loading_the_plugin_imports_no_version_specifier_parser(fresh_python):
-    """packaging.specifiers costs ~5 ms to import; the plugin loads in every SGLang process."""
+# Never imported by plugin loading: the version specifier parser (~5 ms to import) and the modules
+# the tests, the CLI and the benchmarks use; the plugin loads in every SGLang process.
+NOT_LOADED = ("packaging.specifiers", *(f"sglang_chunk_align.{m}" for m in ("scheduler_driver", "fa2", "standins", "cli")))
+
+
+def test_loading_the_plugin_imports_no_version_specifier_parser_and_no_harness(fresh_python):
     result = fresh_python(
         "import sys\nfrom sglang_chunk_align.plugin import load\nload()\n"
-        "print(sorted(m for m in ('packaging.specifiers', 'sglang_chunk_align.patches') if m in sys.modules))"
+        f"print(sorted(m for m in {(*NOT_LOADED, 'sglang_chunk_align.patches')!r} if m in sys.modules))"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "['sglang_chunk_align.patches']"

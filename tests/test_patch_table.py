@@ -1,5 +1,5 @@
-"""The patch table checks itself: one kind per point, one point per target and release,
-and an install that fails partway leaves SGLang stock."""
+"""The patch table checks itself: one point per target and release, the grid rules named, and
+an install that fails partway, whatever the kind of the point that fails, leaves SGLang stock."""
 
 import configparser
 import os
@@ -7,90 +7,113 @@ import os
 import pytest
 from packaging.version import Version
 
-from sglang_chunk_align import patches, releases
+from sglang_chunk_align import patch_table, patches, releases
 from sglang_chunk_align.compat import ChunkAlignError, installed_version
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+GUARD = patch_table.failure_guard(ChunkAlignError("test"))
+
+
 def _owner_dicts():
-    """Point name -> what its owner's __dict__ holds now, for this release's points."""
+    """Point name -> what its owner's __dict__ holds now, for this release's points: (the object,
+    a copy of a list's items, since AddMember changes the list in place)."""
     state = {}
-    for point in patches.release_points(installed_version()):
-        owner, attribute = patches.owner_of(point)
-        state[point.name] = vars(owner).get(attribute)
+    for point in patches.release_points(patch_table, installed_version()):
+        owner, attribute = point.owner()
+        value = vars(owner).get(attribute)
+        state[point.name] = (value, list(value) if isinstance(value, list) else None)
     return state
 
 
-@pytest.mark.parametrize(
-    "kinds",
-    [{}, {"wrapper": print, "declare": None}, {"declare": None, "member": "x"}, {"wrapper": print, "member": "x"}],
-)
-def test_a_point_has_exactly_one_kind(kinds):
-    with pytest.raises(ValueError, match="exactly one of wrapper, declare and member"):
-        patches.PatchPoint("m", "C.f", patches.ALL_RELEASES, "test", **kinds)
-
-
-def test_every_table_point_has_one_kind():
-    for point in (*patches.PATCH_POINTS, patches.FAILURE_GUARD):
-        kinds = [point.wrapper is not None, point.declare is not patches._ABSENT, point.member is not patches._ABSENT]
-        assert kinds.count(True) == 1, point.name
+def _is_stock(stock):
+    now = _owner_dicts()
+    return all(now[name][0] is value and now[name][1] == items for name, (value, items) in stock.items())
 
 
 def test_the_grid_rule_points_are_the_prefill_hooks():
     """doctor reports these off under SGLANG_CHUNK_ALIGN_RULES=0: exactly the wrappers that run the rules."""
     from sglang_chunk_align import prefill_hooks
 
-    for point in patches.PATCH_POINTS:
-        assert point.grid_rule == (getattr(point.wrapper, "__module__", None) == prefill_hooks.__name__), point.name
+    for point in patch_table.PATCH_POINTS:
+        wrapper = getattr(point, "wrapper", None)
+        assert point.grid_rule == (getattr(wrapper, "__module__", None) == prefill_hooks.__name__), point.name
 
 
 @pytest.mark.parametrize("release", releases.RELEASES)
 def test_no_release_selects_a_target_twice(release):
-    names = [p.name for p in patches.release_points(Version(release))]
+    names = [p.name for p in patches.release_points(patch_table, Version(release))]
     assert len(names) == len(set(names))
 
 
 def test_overlapping_ranges_are_refused_before_anything_changes(monkeypatch):
     stock = _owner_dicts()
-    twin = next(p for p in patches.PATCH_POINTS if p.wrapper is not None and p in patches.release_points(installed_version()))
-    monkeypatch.setattr(patches, "PATCH_POINTS", patches.PATCH_POINTS + (twin,))
+    release = patches.release_points(patch_table, installed_version())
+    twin = next(p for p in patch_table.PATCH_POINTS if isinstance(p, patches.Wrap) and p in release)
+    monkeypatch.setattr(patch_table, "PATCH_POINTS", patch_table.PATCH_POINTS + (twin,))
     with pytest.raises(ChunkAlignError, match=f"selects {twin.name} more than once"):
-        patches.apply()
+        patches.apply(patch_table)
     assert patches.state() == patches.STOCK and not patches.installed_names()
     monkeypatch.undo()
-    assert all(_owner_dicts()[name] is value for name, value in stock.items())
+    assert _is_stock(stock)
+
+
+def _select_every_opt_in(monkeypatch):
+    """Switch on every opt-in point of this release, so that every kind it has goes in."""
+    for point in patches.release_points(patch_table, installed_version()):
+        if point.opt_in:
+            monkeypatch.setenv(point.opt_in, "1")
+    return patches.selected_points(patch_table, installed_version())
+
+
+def test_remove_restores_every_kind_exactly(monkeypatch):
+    points = _select_every_opt_in(monkeypatch)
+    stock = _owner_dicts()
+    patches.apply(patch_table, now=True)
+    assert patches.installed_names() == {p.name for p in points}
+    assert not _is_stock(stock)
+    patches.remove()
+    assert patches.state() == patches.STOCK and not patches.installed_names()
+    assert _is_stock(stock)
 
 
 def test_install_failing_partway_is_rolled_back(monkeypatch):
+    """The last point to go in fails: every point before it, of whatever kind, comes out again."""
+    points = _select_every_opt_in(monkeypatch)
     stock = _owner_dicts()
-    install = patches._install
-    points = patches.selected_points(installed_version())
+    installs = []
 
-    def fail_at_the_last(point, *rest):
-        if point is points[-1]:
-            raise TypeError("simulated")
-        install(point, *rest)
+    def failing_last(install):
+        def counted(point, site):
+            installs.append(point)
+            if len(installs) == len(points):
+                raise TypeError("simulated")
+            install(point, site)
 
-    monkeypatch.setattr(patches, "_install", fail_at_the_last)
-    with pytest.raises(ChunkAlignError, match=f"installing patch point {points[-1].name} failed .*restored to stock"):
-        patches.apply()
+        return counted
+
+    for kind in {type(p) for p in points}:
+        monkeypatch.setattr(kind, "install", failing_last(kind.install))
+    with pytest.raises(ChunkAlignError, match="installing patch point .* failed .*restored to stock"):
+        patches.apply(patch_table, now=True)
+    assert len(installs) == len(points)
     assert patches.state() == patches.STOCK and not patches.installed_names()
-    assert all(_owner_dicts()[name] is value for name, value in stock.items())
+    assert _is_stock(stock)
 
 
 def test_state_names_what_is_installed(monkeypatch):
     assert patches.state() == patches.STOCK
-    patches.apply()
+    patches.apply(patch_table)
     installed = patches.installed_names()
-    patches.apply()
+    patches.apply(patch_table)
     assert patches.state() == patches.APPLIED and patches.installed_names() == installed
     patches.remove()
-    patches.install_failure_guard(ChunkAlignError("test"))
-    assert patches.state() == patches.GUARDED and patches.installed_names() == {patches.FAILURE_GUARD.name}
-    patches.apply()  # a later successful apply drops the guard
+    patches.install_failure_guard(patch_table, ChunkAlignError("test"))
+    assert patches.state() == patches.GUARDED and patches.installed_names() == {GUARD.name}
+    patches.apply(patch_table)  # a later successful apply drops the guard
     assert patches.state() == patches.APPLIED and patches.installed_names() == installed
-    patches.install_failure_guard(ChunkAlignError("test"))  # never over an applied plugin
+    patches.install_failure_guard(patch_table, ChunkAlignError("test"))  # never over an applied plugin
     assert patches.installed_names() == installed
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from sglang_chunk_align import probe
-from sglang_chunk_align.kernel_facts import FI072, FI074, STRICTEST, facts_for
+from sglang_chunk_align.kernel_facts import FACTS, FI072, FI074, STRICTEST, facts_for
 
 EVIDENCE = pathlib.Path(__file__).parent / "gpu" / "evidence"
 
@@ -72,6 +72,10 @@ def test_every_case_runs_on_each_shape_and_spans_the_thresholds():
     assert len({(c.name, c.split) for c in found}) == len(found)
     # the final pieces straddle 16, 32 and 64 packed rows at group 4: 4, 6, 12, 16 and 18 tokens
     assert [c.prompt_len - 1024 for c in probe.cases(4) if c.name.startswith("final piece")] == [4, 6, 12, 16, 18]
+    # at group 1 a token is a packed row: some final piece at or below, and some above, each threshold of the facts
+    rows = [c.prompt_len - 1024 for c in probe.cases(1) if c.name.startswith("final piece")]
+    thresholds = {above for facts in FACTS.values() for _, classes, _ in facts.tile_classes for above, _ in classes}
+    assert thresholds and all(min(rows) <= above < max(rows) for above in thresholds)
     assert [c.fact for c in probe.cases(1, decode=False)].count("decoded_rows") == 0
 
 

@@ -3,11 +3,11 @@
 The rest of the suite imports the one SGLang installed in the venv, so it
 proves the patch points against that release only. This test reads each
 release's wheel as data (zipfile + ast; nothing is installed or imported) and
-checks what patches.apply() would resolve there: every point that
-patches.release_points() gives for that version, opt-in points included,
-and the failure guard, which every release needs. The version gates come from
-the table in patches.py, the single source of truth; this file only knows how
-to find a point in source.
+checks what patches.apply() would resolve there: every point of SGLang's
+table (patch_table.py) that patches.release_points() gives for that version,
+opt-in points included, and the failure guard, which every release needs. The
+version gates come from that table, the single source of truth; this file only
+knows how to find a point in source.
 
 The wheels come from SGLANG_RELEASE_WHEELS, a folder of sglang-<version>-*.whl
 files (`pip download --no-deps sglang==<version> -d DIR`). Without it the
@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from sglang_chunk_align import prefill_hooks
-from sglang_chunk_align.patches import _ABSENT, FAILURE_GUARD, PatchPoint, release_points
-from sglang_chunk_align.releases import NEWEST, RELEASES
+from sglang_chunk_align import patch_table, prefill_hooks
+from sglang_chunk_align.compat import ChunkAlignError
+from sglang_chunk_align.patches import AddMember, Declare, Wrap, release_points
+from sglang_chunk_align.releases import FLOOR_CHUNKED_TOKENS, MEMORY_BUDGET, NEWEST, RELEASES
 
 WHEELS_ENV = "SGLANG_RELEASE_WHEELS"
 if not os.environ.get(WHEELS_ENV):
@@ -114,7 +115,7 @@ def _bindings(body):
 
 
 def point_problems(wheel, point):
-    """What patches._resolve would refuse for `point` in `wheel`, plus signature changes."""
+    """What the point's resolve() would refuse in `wheel`, plus signature changes."""
     class_name, attribute = point.class_and_attribute
     bound = wheel.bindings(point.module)
     if bound is None:
@@ -125,10 +126,11 @@ def point_problems(wheel, point):
             return [f"{point.name}: no class {class_name} in {point.module}"]
         bound = _bindings(owner.body)
     stock = bound.get(attribute)
-    if point.member is not _ABSENT:
+    if isinstance(point, AddMember):
         return _member_problems(wheel, point, stock)
-    if point.declare is not _ABSENT:
+    if isinstance(point, Declare):
         return [f"{point.name}: already defined in SGLang, line {stock.lineno}"] if stock else []
+    assert isinstance(point, Wrap), point
     return _wrapped_problems(wheel, point, stock, class_name)
 
 
@@ -203,22 +205,23 @@ def _signature_fits(args, expected):
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_every_release_point_fits_the_release(release):
-    points = [*release_points(Version(release)), FAILURE_GUARD]  # apply() installs the guard when it fails
+    guard = patch_table.failure_guard(ChunkAlignError("read from the wheel"))  # installed when apply() fails
+    points = [*release_points(patch_table, Version(release)), guard]
     problems = [p for point in points for p in point_problems(release_wheel(release), point)]
     assert not problems, f"SGLang {release}:\n" + "\n".join(problems)
 
 
-def _wrong(target, module="sglang.srt.managers.scheduler", **kind):
-    return PatchPoint(module, target, ">=0", "deliberately wrong", **kind)
+def _wrong(kind, target, value, module="sglang.srt.managers.scheduler"):
+    return kind(module, target, value, "deliberately wrong", ">=0")
 
 
 @pytest.mark.parametrize(
     "point, reported",
     [
-        (_wrong("Scheduler.no_such_method", wrapper=print), "no def no_such_method"),
-        (_wrong("Scheduler.init_deterministic_inference_config", declare=None), "already defined"),
-        (_wrong("NoSuchClass.init_deterministic_inference_config", wrapper=print), "no class NoSuchClass"),
-        (_wrong("RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND", "sglang.srt.server_args", member="fa3"),
+        (_wrong(Wrap, "Scheduler.no_such_method", print), "no def no_such_method"),
+        (_wrong(Declare, "Scheduler.init_deterministic_inference_config", None), "already defined"),
+        (_wrong(Wrap, "NoSuchClass.init_deterministic_inference_config", print), "no class NoSuchClass"),
+        (_wrong(AddMember, "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND", "fa3", "sglang.srt.server_args"),
          "already holds 'fa3'"),
     ],
 )
@@ -227,17 +230,23 @@ def test_checker_reports_a_wrong_point(point, reported):
     assert reported in problem
 
 
+def _before(release):
+    return RELEASES[RELEASES.index(release) - 1]
+
+
 @pytest.mark.parametrize(
     "wrapper, release, reported",
     [
-        # 0.5.20's add_chunked_req clamps a continuation itself: no memory budget answers for it.
-        (prefill_hooks.continue_on_grid_by_budget, "0.5.20", "no call self.memory_budget.fit_chunk(extend_input_len=...)"),
-        # 0.5.22's sets req.extend_end directly.
-        (prefill_hooks.continue_on_grid_by_extend, "0.5.22", "no call req.set_extend_range()"),
+        # The release before the memory budget (0.5.20): its add_chunked_req clamps a
+        # continuation itself, no memory budget answers for it.
+        (prefill_hooks.continue_on_grid_by_budget, _before(MEMORY_BUDGET),
+         "no call self.memory_budget.fit_chunk(extend_input_len=...)"),
+        # The release before floor_chunked_tokens (0.5.22) sets req.extend_end directly.
+        (prefill_hooks.continue_on_grid_by_extend, _before(FLOOR_CHUNKED_TOKENS), "no call req.set_extend_range()"),
     ],
 )
 def test_checker_reports_a_missing_call(wrapper, release, reported):
-    point = _wrong("PrefillAdder.add_chunked_req", "sglang.srt.managers.schedule_policy", wrapper=wrapper)
+    point = _wrong(Wrap, "PrefillAdder.add_chunked_req", wrapper, "sglang.srt.managers.schedule_policy")
     (problem,) = point_problems(release_wheel(release), point)
     assert reported in problem
 

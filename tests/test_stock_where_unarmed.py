@@ -163,7 +163,8 @@ def schedule(prompts, chunk, align, kv_tokens, radix, page_size, plugin, determi
     """SGLang's scheduling loop (tests' harness) over `prompts` [(length, shared, arrival, ignore_eos)],
     with the plugin loaded but its rules off (SGLANG_CHUNK_ALIGN_RULES=0) or without deterministic
     inference; the same alignment `align` both ways, so that only the admission paths differ."""
-    from benchmarks import scheduling, workload
+    from benchmarks import workload
+    from sglang_chunk_align import scheduler_driver
 
     requests, arrivals = [], []
     for rid, (prompt_len, shared_len, arrival, _) in enumerate(prompts):
@@ -174,7 +175,7 @@ def schedule(prompts, chunk, align, kv_tokens, radix, page_size, plugin, determi
         requests.append(request)
     ignore_eos = {rid for rid, p in enumerate(prompts) if p[3]}
 
-    class Driver(scheduling.SchedulerDriver):
+    class Driver(scheduler_driver.SchedulerDriver):
         def make_req(self, request, tokens):
             req = super().make_req(request, tokens)
             req.sampling_params.ignore_eos = request.rid in ignore_eos
@@ -186,9 +187,9 @@ def schedule(prompts, chunk, align, kv_tokens, radix, page_size, plugin, determi
         max_running_requests=8,
     )
     cfg = workload.SchedulingConfig("differential", chunk, deterministic=deterministic, plugin=plugin, rules=False)
-    with scheduling.sglang_config(cfg, radix, page_size) as server_args:
+    with scheduler_driver.sglang_config(cfg, radix, page_size) as server_args:
         if plugin:
-            scheduling.truncation_align_size(server_args, page_size=page_size)  # the startup check
+            scheduler_driver.truncation_align_size(server_args, page_size=page_size)  # the startup check
             assert prefill_hooks.rules_in_force() is None
         return outcome(lambda: Driver(spec, cfg, radix, align, page_size).run(arrivals))
 

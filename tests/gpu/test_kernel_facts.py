@@ -15,7 +15,7 @@ with the reason. See tests/gpu/README.md.
 
 import pytest
 
-from sglang_chunk_align import probe
+from sglang_chunk_align import fa2, probe
 from sglang_chunk_align.kernel_facts import installed_facts
 
 REASON = probe.why_not_measurable()
@@ -32,7 +32,7 @@ def shape_for():
     """One seeded Shape per (group, head_dim), sharing one workspace, as the probe runs them."""
     import torch
 
-    workspace = torch.empty(probe.WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+    workspace = torch.empty(fa2.DETERMINISTIC_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
     shapes = {}
 
     def get(group, head_dim):

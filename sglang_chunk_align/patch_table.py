@@ -1,0 +1,131 @@
+"""SGLang's patch points, with their reasons and version ranges, in one table for patches.apply().
+
+A point is a class attribute, looked up at call time; a list SGLang reads
+at call time; or, once, the module binding its caller uses:
+schedule_batch imports match_kv_cache with `from ... import`, so the point is
+schedule_batch's name, not mem_cache.common's. Every version comes from
+releases.py. A point that only runs planning.py's grid rules says so
+(grid_rule=True): doctor reports it off under SGLANG_CHUNK_ALIGN_RULES=0.
+"""
+
+from . import backends, prefill_hooks, releases, scheduler_hooks
+from .compat import RADIX_CACHE_ENV
+from .patches import ALL_RELEASES, AddMember, Declare, Wrap
+
+_ATTN = "sglang.srt.layers.attention."
+_POLICY = "sglang.srt.managers.schedule_policy"
+_SCHEDULER = "sglang.srt.managers.scheduler"
+GRID_RULES_RELEASES = f">={releases.GRID_RULES}"
+_STOCK_CHECK = releases.STOCK_STARTUP_CHECK
+_FLOOR = f">={releases.FLOOR_CHUNKED_TOKENS}"
+_RADIX = f">={releases.RADIX_OPT_IN}"  # the grid rules for radix hits and the tree, and the radix opt-in
+
+
+def _forward(module, class_name, children, reason, versions=ALL_RELEASES):
+    """A wrapper backend forwards both declarations from the children that run its prefill."""
+    return (
+        Declare(module, f"{class_name}.prefill_chunk_align", property(backends.forward_to(*children)), reason, versions),
+        Declare(module, f"{class_name}.prefill_q_tile_geometry", property(backends.forward_geometry_to(*children)),
+                reason, versions),
+    )
+
+
+PATCH_POINTS = (
+    Declare(_ATTN + "base_attn_backend", "AttentionBackend.prefill_chunk_align", None,
+            "default: a backend needs no prefill chunk alignment"),
+    Declare(_ATTN + "base_attn_backend", "AttentionBackend.prefill_q_tile_geometry", None,
+            "default: the q-tile geometry is unknown, so the grid rules stay conservative"),
+    Declare(_ATTN + "flashinfer_backend", "FlashInferAttnBackend.prefill_chunk_align",
+            property(backends.flashinfer_prefill_chunk_align),
+            "deterministic fa2 paged prefill is exact only for chunks on its 128-row q-tile grid"),
+    Declare(_ATTN + "flashinfer_backend", "FlashInferAttnBackend.prefill_q_tile_geometry",
+            property(backends.flashinfer_q_tile_geometry),
+            "the heads and head_dim fa2 prefill is planned with: the grid in packed rows"),
+    Declare(_ATTN + "trtllm_mha_backend", "TRTLLMHAAttnBackend.prefill_chunk_align", None,
+            "FlashInferAttnBackend subclass whose prefill runs TRT-LLM kernels"),
+    Declare(_ATTN + "llada2_cfg_flashinfer_backend",
+            "LLaDA2CFGFlashInferAttnBackend.prefill_chunk_align", None,
+            "FlashInferAttnBackend subclass whose diffusion prefill is not chunked fa2",
+            f">={releases.LLADA2_CFG_BACKEND}"),
+    Declare(_ATTN + "triton_backend", "TritonAttnBackend.prefill_chunk_align",
+            property(backends.triton_prefill_chunk_align),
+            "keeps what these releases aligned deterministic triton to", f"<{_STOCK_CHECK}"),
+    *_forward(_ATTN + "hybrid_attn_backend", "HybridAttnBackend", ("prefill_backend",),
+              "EXTEND runs on the prefill backend"),
+    *_forward(_ATTN + "hybrid_linear_attn_backend", "HybridLinearAttnBackend", ("full_attn_backend",),
+              "full-attention layers run on the full-attention child; the mamba grid is SGLang's own LCM step"),
+    *_forward(_ATTN + "tbo_backend", "TboAttnBackend", ("primary",),
+              "runs its primary's prefill; from 0.5.15 its __getattr__ would, but a base-class default shadows it"),
+    *_forward(_ATTN + "minimax_sparse_backend", "MiniMaxHybridAttnBackend", ("dense", "sparse"),
+              "dense and sparse layers both prefill; the chunk must suit both", f">={releases.MINIMAX_HYBRID_BACKEND}"),
+    *_forward(_ATTN + "dots_hybrid_backend", "DotsSWAMLAAttnBackend", ("backend",),
+              "adds latent-cache SWA around its inner backend, which runs the prefill",
+              f">={releases.DOTS_HYBRID_BACKENDS}"),
+    *_forward(_ATTN + "dots_hybrid_backend", "DotsHybridAttnBackend", ("dsa_backend", "swa_backend"),
+              "DSA and SWA layers both prefill; the chunk must suit both", f">={releases.DOTS_HYBRID_BACKENDS}"),
+    Wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
+         scheduler_hooks.init_alignment_and_check(rules_available=False),
+         "stock maps backend names to the 4096-token split tile and has no startup check", f"<{releases.GRID_RULES}"),
+    Wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
+         scheduler_hooks.init_alignment_and_check(rules_available=True),
+         "as above; it activates the grid rules below", f"{GRID_RULES_RELEASES},<{_STOCK_CHECK}"),
+    Wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
+         scheduler_hooks.init_alignment_from_backend,
+         "stock maps backend names to the 4096-token split tile; read the live backend instead", f">={_STOCK_CHECK}"),
+    Wrap(_SCHEDULER, "Scheduler.check_truncation_align_fits_chunk", scheduler_hooks.check_chunk_and_activate_rules,
+         "stock points users at the split-tile variable and accepts chunks off the q-tile grid; "
+         "it activates the grid rules below", f">={_STOCK_CHECK}"),
+    Wrap("sglang.srt.entrypoints.engine", "Engine._launch_subprocesses", scheduler_hooks.refuse_ray_schedulers,
+         "Ray scheduler actors never load plugins: refuse deterministic flashinfer there, never run stock"),
+    # The grid rules (planning.py), where SGLang has every admission path they need.
+    Wrap("sglang.srt.managers.schedule_batch", "match_kv_cache", prefill_hooks.match_on_grid,
+         "a radix hit may end anywhere; Req.init_next_round_input calls this module binding", _RADIX,
+         grid_rule=True),
+    Wrap(_POLICY, "PrefillAdder._select_prefill_admission", prefill_hooks.admit_on_grid,
+         "SGLang floors a new request's chunk length but leaves final pieces too short for the full tile",
+         GRID_RULES_RELEASES, grid_rule=True),
+    Wrap(_POLICY, "PrefillAdder.floor_chunked_tokens", prefill_hooks.cut_on_grid,
+         "continuation and memory-pressure cuts are not aligned at all", _FLOOR, grid_rule=True),
+    Wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid,
+         "a continuation whose budget holds no grid cut waits, and a short final piece rides along", _FLOOR,
+         grid_rule=True),
+    Wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_budget,
+         "as above; without floor_chunked_tokens the cut is taken from the adder's memory budget",
+         f">={releases.MEMORY_BUDGET},<{releases.FLOOR_CHUNKED_TOKENS}", grid_rule=True),
+    Wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_extend,
+         "as above; without a memory budget object the cut is set through req.set_extend_range",
+         f"{GRID_RULES_RELEASES},<{releases.MEMORY_BUDGET}", grid_rule=True),
+    Wrap(_POLICY, "PrefillAdder.add_one_req_ignore_eos", prefill_hooks.ignore_eos_on_grid,
+         "stock cuts an ignore_eos request at the chunk budget, off the grid; one with no grid cut "
+         "waits as a continuation does, before it reports to the prefill delayer", GRID_RULES_RELEASES,
+         grid_rule=True),
+    Wrap(_POLICY, "PrefillAdder.add_one_req", prefill_hooks.keep_solo_tiles,
+         "fa2 picks one tile per batch; thin batches move members off their solo tile, "
+         "and requests behind a waiting chunked request would take its KV memory", GRID_RULES_RELEASES,
+         grid_rule=True),
+    Wrap("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache.checkpoint", prefill_hooks.publish_full_tiles,
+         "the tree would serve KV computed in a prompt's partial final q-tile, or by decode", _RADIX,
+         grid_rule=True),
+    AddMember("sglang.srt.arg_groups.choices", "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND", "flashinfer",
+              "stock turns the radix cache off under deterministic flashinfer", _RADIX, opt_in=RADIX_CACHE_ENV),
+)
+
+
+def failure_guard(error):
+    """The point installed only when patching fails, refusing deterministic flashinfer with `error`.
+
+    A failure SGLang's plugin loader swallows must still stop deterministic
+    flashinfer from starting with stock alignment. The guard sits on the
+    scheduler's first alignment step, which runs once the model runner (and so
+    every attention backend in use) exists: a patch point that fails when its
+    module is imported there is caught too. It is built around its cause, so
+    the refusal names what went wrong and its remedy.
+    """
+    return Wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
+                scheduler_hooks.refuse_deterministic_flashinfer(error),
+                "refuse deterministic flashinfer when the plugin could not patch SGLang")
+
+
+def reset():
+    """Forget the rules the scheduler hooks activated: stock SGLang has none (patches.remove())."""
+    prefill_hooks.activate(None)
