@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import scheduling
-from sglang_chunk_align import prefill_hooks, standins
-from sglang_chunk_align.compat import req_extend_end
+from sglang_chunk_align import prefill_hooks, releases, standins
+from sglang_chunk_align.compat import req_extend_end, sglang_at_least
 from sglang_chunk_align.planning import Rules
 
 pytestmark = pytest.mark.needs_grid_rules
@@ -155,6 +155,31 @@ def test_ignore_eos_request_after_another_is_cut_on_the_grid(plugin, rules, end,
         assert adder.can_run_list == [first, second]
         assert req_extend_end(second) == end and adder.new_chunked_req is second
         assert adder.rem_chunk_tokens == 256 - 100 - (end - 0)
+
+
+@pytest.mark.skipif(
+    not sglang_at_least(releases.FLOOR_CHUNKED_TOKENS),
+    reason=f"PrefillAdder.floor_chunked_tokens came with SGLang {releases.FLOOR_CHUNKED_TOKENS}",
+)
+def test_ignore_eos_cut_comes_back_from_floor_chunked_tokens_with_the_budget_unmoved(plugin, monkeypatch):
+    """The case above: stock floors the chunk budget as it reads it (156 tokens) and gets the grid
+    cut (128) back from floor_chunked_tokens; the budget itself is never moved around the call."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    asked = []
+    with adder_with(256, kv_tokens=8192, rules=True) as (new_adder, new_req):
+        floor = PrefillAdder.floor_chunked_tokens  # the plugin's wrapper
+
+        def spy(adder, trunc_len, remaining):
+            asked.append((trunc_len, adder.rem_chunk_tokens))
+            return floor(adder, trunc_len, remaining)
+
+        monkeypatch.setattr(PrefillAdder, "floor_chunked_tokens", spy)
+        adder = new_adder()
+        first, second = new_req(0, 100), new_req(1, 1000, ignore_eos=True)
+        admit_new(adder, first)
+        admit_new(adder, second)
+    assert asked == [(156, 156)] and req_extend_end(second) == 128
 
 
 class PrefillDelayer:
