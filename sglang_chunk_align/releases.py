@@ -59,6 +59,8 @@ OLDER_WITH_GRID_RULES = "0.5.22"
 OLDEST_CPU_SCHEDULER = "0.5.13"
 OLDEST = "0.5.12"
 
-# SGLang's own CPU unit tests (paths in SGLang's repository) that reach the patched code; CI
-# fetches them at NEWEST's tag and tests/test_sglang_upstream.py runs them with the plugin loaded.
+# SGLang's own CPU unit tests (paths in SGLang's repository) that reach the patched code. CI
+# cannot reach GitHub, so nothing fetches them: tests/test_sglang_upstream.py runs them with the
+# plugin loaded where SGLANG_UPSTREAM_TESTS names a checkout of SGLang at the installed release,
+# and skips otherwise.
 UPSTREAM_UNIT_TESTS = ("test/registered/unit/managers/test_deterministic_chunk_align.py",)
