@@ -17,7 +17,8 @@ scheduler, or the rules switched off) every wrapper passes through.
 Within a scheduling step the wrappers share one explicit state object, the
 adder's Step (step_of), kept on the adder and on its memory budget (both made
 per step): the rules in force for that step, what a wrapper decided for stock
-to be answered with (a continuation's riding slack, an ignore_eos cut), and
+to be answered with (a continuation's riding slack and short-tail handling,
+an ignore_eos cut), and
 whether the chunked request waits this step. A decision reaches stock only as
 the answer of a stock function that stock takes it from: the memory budget's
 available_chunk_tokens and fit_chunk (0.5.21+; fit_chunk's None is stock's
@@ -57,14 +58,15 @@ class Step:
     process that loads plugins time at import (~1 ms for PatchPoint's, commit 304b862).
     """
 
-    __slots__ = ("rules", "adder", "ride_slack", "parked", "ignore_eos_cut")
+    __slots__ = ("rules", "ride_slack", "continuation_tail", "parked", "ignore_eos_cut")
 
-    def __init__(self, rules, adder):
+    def __init__(self, rules):
         self.rules = rules  # the Rules in force when the step began
-        self.adder = adder  # the step's PrefillAdder: the budget's wrappers read its batch
-        # Tokens beyond the chunk budget that the continuation's riding final piece takes
-        # (continue_on_grid decides, ride_on_budget answers with it).
+        # What the continuation's cut depends on besides its chunk, decided before stock cuts it
+        # (_prepare_continuation): tokens beyond the chunk budget that its riding final piece
+        # takes (ride_on_budget answers with them), and how a short final piece is handled.
         self.ride_slack = 0
+        self.continuation_tail = None  # planning's KEEP or WAIT
         self.parked = False  # the chunked request waits this step for a grid cut (keep_solo_tiles reads it)
         # The cut length ignore_eos_on_grid decided, for floor_chunked_tokens to hand back (0.5.23+).
         self.ignore_eos_cut = None
@@ -79,7 +81,7 @@ def step_of(adder):
     if step is None:
         rules = rules_in_force()
         if rules is not None:
-            step = adder.__dict__[_STEP] = Step(rules, adder)
+            step = adder.__dict__[_STEP] = Step(rules)
             budget = adder.__dict__.get("memory_budget")  # 0.5.21+
             if budget is not None:
                 budget.__dict__[_STEP] = step
@@ -124,7 +126,7 @@ def admit_on_grid(wrapped, instance, args, kwargs):
     start = admission.prefix_len
     prompt_len = len(req.full_untruncated_fill_ids)
     may_ride = not instance.can_run_list and admission.extend_len >= instance.rem_chunk_tokens
-    end = _grid_cut(step, instance, start, admission.extend_len, prompt_len, may_ride)
+    end = _grid_cut(step.rules, start, admission.extend_len, prompt_len, _short_tail(instance, may_ride))
     if end == start:
         return _schedule_policy().AddReqResult.OTHER
     if end == prompt_len:
@@ -135,19 +137,25 @@ def admit_on_grid(wrapped, instance, args, kwargs):
     return replace(admission, extend_len=end - start)
 
 
-def _continuation_cut(step, adder, length, remaining):
+def _prepare_continuation(step, adder, req):
+    """Decide what `req`'s continuation cut depends on besides its chunk, from the adder's state
+    before stock cuts it: step.ride_slack and step.continuation_tail. The scheduler continues its
+    chunked request first, on a fresh adder, so no other request is in the batch yet."""
+    step.ride_slack = _ride_slack(step, adder, req)
+    step.continuation_tail = _short_tail(adder)
+
+
+def _continuation_cut(step, length, remaining):
     """A continuation's cut `length` of `remaining` tokens, on the grid; None where the budget
     holds no grid cut, and the request must wait."""
     if length >= remaining:
         return length
-    if _unfinished_chunk_in_batch(adder):
-        return None
-    return _grid_cut(step, adder, 0, length, remaining) or None
+    return _grid_cut(step.rules, 0, length, remaining, step.continuation_tail) or None
 
 
 def continue_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_chunked_req (0.5.21+): decide whether the continuation's short final
-    piece rides with this chunk (step.ride_slack), for its memory budget to answer with.
+    """Wraps PrefillAdder.add_chunked_req (0.5.21+): decide what the continuation's cut depends on
+    (_prepare_continuation), for its memory budget to answer with.
 
     Stock takes the continuation's chunk from the adder's memory budget:
     available_chunk_tokens(rem_chunk_tokens) (ride_on_budget adds the slack,
@@ -158,7 +166,7 @@ def continue_on_grid(wrapped, instance, args, kwargs):
     """
     step = step_of(instance)
     if step is not None:
-        step.ride_slack = _ride_slack(step, instance, args[0] if args else kwargs["req"])
+        _prepare_continuation(step, instance, args[0] if args else kwargs["req"])
     return wrapped(*args, **kwargs)
 
 
@@ -180,7 +188,7 @@ def fit_on_grid(wrapped, instance, args, kwargs):
     step = instance.__dict__.get(_STEP)
     if step is None or limit is None:
         return limit
-    cut = _continuation_cut(step, step.adder, limit, kwargs["extend_input_len"])
+    cut = _continuation_cut(step, limit, kwargs["extend_input_len"])
     step.parked = cut is None
     return cut
 
@@ -200,12 +208,12 @@ def continue_on_grid_by_clamp(wrapped, instance, args, kwargs):
     req = args[0] if args else kwargs["req"]
     if step is None or instance.dllm_config is not None:  # dLLM chunks come from rem_dllm_tokens
         return wrapped(*args, **kwargs)
-    slack = _ride_slack(step, instance, req)
+    _prepare_continuation(step, instance, req)
     limit = _stock_clamp(instance)
-    if slack or limit is None:
-        return _stock_with_chunk_budget(wrapped, args, kwargs, instance, slack)
+    if step.ride_slack or limit is None:
+        return _stock_with_chunk_budget(wrapped, args, kwargs, instance, step.ride_slack)
     remaining = len(req.full_untruncated_fill_ids) - req_prefix_len(req)
-    cut = _continuation_cut(step, instance, min(limit, remaining), remaining)
+    cut = _continuation_cut(step, min(limit, remaining), remaining)
     if cut is None:
         step.parked = True
         return req
@@ -263,7 +271,7 @@ def _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back):
         return wrapped(*args, **kwargs)
     if _unfinished_chunk_in_batch(instance):
         return _schedule_policy().AddReqResult.OTHER
-    end = _grid_cut(step, instance, start, budget, prompt_len, may_ride=not instance.can_run_list, warn=False)
+    end = _grid_cut(step.rules, start, budget, prompt_len, _short_tail(instance, not instance.can_run_list), warn=False)
     if end == start:
         return _schedule_policy().AddReqResult.OTHER
     cut = end - start
@@ -316,12 +324,13 @@ def _stock_with_chunk_budget(wrapped, args, kwargs, adder, tokens):
 
 
 def _ride_slack(step, adder, req):
-    """Tokens beyond the chunk budget that `req`'s riding final piece needs, or 0.
+    """Tokens beyond the chunk budget that the continuation `req`'s riding final piece needs, or 0.
+    A continuation is alone in its batch (_prepare_continuation), so its piece may ride.
 
     Only a piece shorter than min_tail rides, so chunk_end is asked only when
     less than that lies beyond the budget (most continuations skip it).
     """
-    if adder.rem_chunk_tokens is None or adder.can_run_list:
+    if adder.rem_chunk_tokens is None:  # chunked prefill off, as stock reads None
         return 0
     start, prompt_len, budget = req_prefix_len(req), len(req.full_untruncated_fill_ids), adder.rem_chunk_tokens
     beyond = prompt_len - start - budget
@@ -380,21 +389,24 @@ def publish_full_tiles(wrapped, instance, args, kwargs):
     return wrapped(*args, **{**kwargs, "up_to": up_to})
 
 
-def _grid_cut(step, adder, start, budget, prompt_len, may_ride=False, warn=True):
-    """chunk_end for an extend the adder cuts at `budget`, with the short-tail handling the
-    adder's state allows: ride where the chunk budget alone cut a request that is alone in the
-    batch (its caller makes room); otherwise wait where other requests left the budget over or
-    running requests will free KV memory; keep the short piece only where nothing will free any,
-    because waiting there would be forever. That last case is not bit-exact, and says so.
-    """
+def _short_tail(adder, may_ride=False):
+    """How a cut the adder makes treats a final piece too short for the full tile, as its state
+    allows: ride where the chunk budget alone cut a request that is alone in the batch (the
+    caller makes room); otherwise wait where other requests left the budget over or running
+    requests will free KV memory; keep the short piece only where nothing will free any, because
+    waiting there would be forever."""
     if may_ride:
-        short_tail = RIDE
-    elif adder.can_run_list or _running_requests_hold_kv(adder):
-        short_tail = WAIT
-    else:
-        short_tail = KEEP
-    end = chunk_end(start, budget, prompt_len, step.rules, short_tail)
-    if warn and short_tail == KEEP and 0 < prompt_len - end < step.rules.min_tail:
+        return RIDE
+    if adder.can_run_list or _running_requests_hold_kv(adder):
+        return WAIT
+    return KEEP
+
+
+def _grid_cut(rules, start, budget, prompt_len, short_tail, warn=True):
+    """chunk_end for an extend cut at `budget`, with `short_tail` (_short_tail). A short piece
+    kept is not bit-exact, and says so."""
+    end = chunk_end(start, budget, prompt_len, rules, short_tail)
+    if warn and short_tail == KEEP and 0 < prompt_len - end < rules.min_tail:
         logger.warning(
             "sglang-chunk-align: KV memory holds %d tokens, too few for the final %d of a prompt "
             "with no running request to free more: its %d-token final piece runs on a smaller fa2 "
