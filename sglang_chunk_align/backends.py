@@ -73,6 +73,20 @@ def triton_prefill_chunk_align(backend):
     return int(raw)
 
 
+def runs_fa2_grid(backend):
+    """Whether `backend` declares its prefill_chunk_align for fa2's q-tile grid: it is a
+    deterministic FlashInferAttnBackend, or a wrapper forwarding to one (forward_to's children).
+
+    Only then is the plugin armed. Deterministic triton declares stock's own
+    alignment on the releases that had one (triton_prefill_chunk_align), and
+    there SGLang runs as stock: no startup check, no grid rules.
+    """
+    getter = getattr(getattr(type(backend), "prefill_chunk_align", None), "fget", None)
+    if getter is flashinfer_prefill_chunk_align:
+        return backend.prefill_chunk_align is not None
+    return any(runs_fa2_grid(getattr(backend, child)) for child in getattr(getter, "children", ()))
+
+
 def forward_to(*children):
     """A property getter that combines what the named child backends declare."""
 
@@ -82,7 +96,7 @@ def forward_to(*children):
         )
 
     prefill_chunk_align.__doc__ = f"Forwarded from {' and '.join(children)}."
-    prefill_chunk_align.children = children
+    prefill_chunk_align.children = children  # runs_fa2_grid follows them
     return prefill_chunk_align
 
 

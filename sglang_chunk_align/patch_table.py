@@ -18,6 +18,8 @@ _SCHEDULER = "sglang.srt.managers.scheduler"
 GRID_RULES_RELEASES = f">={releases.GRID_RULES}"
 _STOCK_CHECK = releases.STOCK_STARTUP_CHECK
 _FLOOR = f">={releases.FLOOR_CHUNKED_TOKENS}"
+_BUDGET = f">={releases.MEMORY_BUDGET}"  # the adder's memory budget object answers a continuation's chunk
+_BUDGET_MODULE = "sglang.srt.mem_cache.prefill_budget"
 _RADIX = f">={releases.RADIX_OPT_IN}"  # the grid rules for radix hits and the tree, and the radix opt-in
 
 
@@ -84,21 +86,29 @@ PATCH_POINTS = (
     Wrap(_POLICY, "PrefillAdder._select_prefill_admission", prefill_hooks.admit_on_grid,
          "SGLang floors a new request's chunk length but leaves final pieces too short for the full tile",
          GRID_RULES_RELEASES, grid_rule=True),
-    Wrap(_POLICY, "PrefillAdder.floor_chunked_tokens", prefill_hooks.cut_on_grid,
-         "continuation and memory-pressure cuts are not aligned at all", _FLOOR, grid_rule=True),
+    Wrap(_POLICY, "PrefillAdder.floor_chunked_tokens", prefill_hooks.hand_back_ignore_eos_cut,
+         "stock floors an ignore_eos request's chunk budget here; the grid cut is handed back instead",
+         _FLOOR, grid_rule=True),
     Wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid,
-         "a continuation whose budget holds no grid cut waits, and a short final piece rides along", _FLOOR,
+         "a continuation's short final piece rides along: its memory budget is told the slack",
+         _BUDGET, grid_rule=True),
+    Wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_clamp,
+         "as above, and a continuation whose clamp holds no grid cut waits: stock clamps it "
+         "itself and has no answer that says wait", f"{GRID_RULES_RELEASES},<{releases.MEMORY_BUDGET}",
          grid_rule=True),
-    Wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_budget,
-         "as above; without floor_chunked_tokens the cut is taken from the adder's memory budget",
-         f">={releases.MEMORY_BUDGET},<{releases.FLOOR_CHUNKED_TOKENS}", grid_rule=True),
-    Wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_extend,
-         "as above; without a memory budget object the cut is set through req.set_extend_range",
-         f"{GRID_RULES_RELEASES},<{releases.MEMORY_BUDGET}", grid_rule=True),
+    *(Wrap(_BUDGET_MODULE, f"{budget}.available_chunk_tokens", prefill_hooks.ride_on_budget,
+           "a continuation's chunk budget, which its riding final piece's slack raises", _BUDGET, grid_rule=True)
+      for budget in ("PrefillBudget", "SWAPrefillBudget", "SharedSWAPrefillBudget")),
+    *(Wrap(_BUDGET_MODULE, f"{budget}.fit_chunk", prefill_hooks.fit_on_grid,
+           "continuation and memory-pressure cuts are not aligned at all; None is stock's wait", _BUDGET,
+           grid_rule=True)
+      for budget in ("PrefillBudget", "SharedSWAPrefillBudget")),
     Wrap(_POLICY, "PrefillAdder.add_one_req_ignore_eos", prefill_hooks.ignore_eos_on_grid,
          "stock cuts an ignore_eos request at the chunk budget, off the grid; one with no grid cut "
-         "waits as a continuation does, before it reports to the prefill delayer", GRID_RULES_RELEASES,
-         grid_rule=True),
+         "waits as a continuation does, before it reports to the prefill delayer", _FLOOR, grid_rule=True),
+    Wrap(_POLICY, "PrefillAdder.add_one_req_ignore_eos", prefill_hooks.ignore_eos_on_grid_by_chunk_budget,
+         "as above; stock cuts at rem_chunk_tokens itself, which is lowered to the grid cut",
+         f"{GRID_RULES_RELEASES},<{releases.FLOOR_CHUNKED_TOKENS}", grid_rule=True),
     Wrap(_POLICY, "PrefillAdder.add_one_req", prefill_hooks.keep_solo_tiles,
          "fa2 picks one tile per batch; thin batches move members off their solo tile, "
          "and requests behind a waiting chunked request would take its KV memory", GRID_RULES_RELEASES,

@@ -14,10 +14,18 @@ live backend, and patches.remove() calls activate(None); rules_in_force() is
 the one reader. While it answers None (no deterministic flashinfer
 scheduler, or the rules switched off) every wrapper passes through.
 
-Within a scheduling step the PrefillAdder wrappers share one explicit state
-object, the adder's Step (step_of): the rules in force for that step, the
-chunked request that waits this step, and the cut an ignore_eos admission
-decided. Nothing else is kept on SGLang's objects.
+Within a scheduling step the wrappers share one explicit state object, the
+adder's Step (step_of), kept on the adder and on its memory budget (both made
+per step): the rules in force for that step, what a wrapper decided for stock
+to be answered with (a continuation's riding slack and short-tail handling,
+an ignore_eos cut), and
+whether the chunked request waits this step. A decision reaches stock only as
+the answer of a stock function that stock takes it from: the memory budget's
+available_chunk_tokens and fit_chunk (0.5.21+; fit_chunk's None is stock's
+own "wait"), floor_chunked_tokens (0.5.23+); or, where stock reads
+rem_chunk_tokens itself and no function carries the answer, the chunk budget
+moved for the one stock call (_stock_with_chunk_budget). Nothing is raised
+through SGLang's frames, and no method is overridden on an instance.
 """
 
 import logging
@@ -43,22 +51,28 @@ def rules_in_force():
 
 
 class Step:
-    """The plugin's state for one scheduling step, kept on that step's PrefillAdder (one per step).
+    """The plugin's state for one scheduling step, kept on that step's PrefillAdder (one per step)
+    and on the adder's memory budget (0.5.21+, made with the adder), whose wrappers answer for it.
 
     A plain class with slots: the methods a dataclass generates cost every
     process that loads plugins time at import (~1 ms for PatchPoint's, commit 304b862).
     """
 
-    __slots__ = ("rules", "parked", "ignore_eos_cut")
+    __slots__ = ("rules", "ride_slack", "continuation_tail", "parked", "ignore_eos_cut")
 
     def __init__(self, rules):
         self.rules = rules  # the Rules in force when the step began
-        self.parked = None  # the chunked request that waits this step (continue_on_grid)
+        # What the continuation's cut depends on besides its chunk, decided before stock cuts it
+        # (_prepare_continuation): tokens beyond the chunk budget that its riding final piece
+        # takes (ride_on_budget answers with them), and how a short final piece is handled.
+        self.ride_slack = 0
+        self.continuation_tail = None  # planning's KEEP or WAIT
+        self.parked = False  # the chunked request waits this step for a grid cut (keep_solo_tiles reads it)
         # The cut length ignore_eos_on_grid decided, for floor_chunked_tokens to hand back (0.5.23+).
         self.ignore_eos_cut = None
 
 
-_STEP = "_sglang_chunk_align_step"  # the PrefillAdder attribute that holds its Step
+_STEP = "_sglang_chunk_align_step"  # the attribute of a PrefillAdder and of its memory budget that holds its Step
 
 
 def step_of(adder):
@@ -68,13 +82,10 @@ def step_of(adder):
         rules = rules_in_force()
         if rules is not None:
             step = adder.__dict__[_STEP] = Step(rules)
+            budget = adder.__dict__.get("memory_budget")  # 0.5.21+
+            if budget is not None:
+                budget.__dict__[_STEP] = step
     return step
-
-
-class _NoGridCut(Exception):
-    """The budget holds no grid-aligned cut, where stock offers no result that says "wait"
-    (floor_chunked_tokens, req.set_extend_range): raised through stock's add_chunked_req and
-    caught by continue_on_grid around it, before stock has charged anything."""
 
 
 def match_on_grid(wrapped, instance, args, kwargs):
@@ -115,7 +126,7 @@ def admit_on_grid(wrapped, instance, args, kwargs):
     start = admission.prefix_len
     prompt_len = len(req.full_untruncated_fill_ids)
     may_ride = not instance.can_run_list and admission.extend_len >= instance.rem_chunk_tokens
-    end = _grid_cut(step, instance, start, admission.extend_len, prompt_len, may_ride)
+    end = _grid_cut(step.rules, start, admission.extend_len, prompt_len, _short_tail(instance, may_ride))
     if end == start:
         return _schedule_policy().AddReqResult.OTHER
     if end == prompt_len:
@@ -126,133 +137,131 @@ def admit_on_grid(wrapped, instance, args, kwargs):
     return replace(admission, extend_len=end - start)
 
 
-def cut_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.floor_chunked_tokens (0.5.23+), which rounds continuation cuts (and
-    ignore_eos cuts, which ignore_eos_on_grid has put on the grid already).
-
-    Their extend starts on the grid (every earlier cut was on it), so a cut
-    length on the grid is a cut end on the grid. It never lengthens a cut:
-    its callers decide "chunked" before they call it, so a final piece that
-    rides along is given room by raising their budget (_stock_with_chunk_budget).
-    An ignore_eos cut was decided before stock ran (ignore_eos_on_grid): it
-    is handed back as decided, unless stock's own flooring moved it.
-    """
-    length = wrapped(*args, **kwargs)
-    step = step_of(instance)
-    if step is None:
-        return length
-    if step.ignore_eos_cut is not None and length == step.ignore_eos_cut:
-        return length
-    remaining = args[1] if len(args) > 1 else kwargs["remaining"]
-    cut = _continuation_cut(step, instance, length, remaining)
-    if cut is None:
-        raise _NoGridCut  # stock's add_chunked_req has no "wait" answer from here
-    return cut
+def _prepare_continuation(step, adder, req):
+    """Decide what `req`'s continuation cut depends on besides its chunk, from the adder's state
+    before stock cuts it: step.ride_slack and step.continuation_tail. The scheduler continues its
+    chunked request first, on a fresh adder, so no other request is in the batch yet."""
+    step.ride_slack = _ride_slack(step, adder, req)
+    step.continuation_tail = _short_tail(adder)
 
 
-def _continuation_cut(step, adder, length, remaining):
+def _continuation_cut(step, length, remaining):
     """A continuation's cut `length` of `remaining` tokens, on the grid; None where the budget
     holds no grid cut, and the request must wait."""
     if length >= remaining:
         return length
-    if _unfinished_chunk_in_batch(adder):
-        return None
-    return _grid_cut(step, adder, 0, length, remaining) or None
+    return _grid_cut(step.rules, 0, length, remaining, step.continuation_tail) or None
 
 
 def continue_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_chunked_req: the chunked request waits for budget, or its short
-    final piece rides with this chunk.
+    """Wraps PrefillAdder.add_chunked_req (0.5.21+): decide what the continuation's cut depends on
+    (_prepare_continuation), for its memory budget to answer with.
 
-    A waiting (parked) chunked request admits no new request behind it this
-    step (keep_solo_tiles reads step.parked): they would take the KV memory it
-    waits for, and SGLang tracks one chunked request only. It waits the way
-    stock's own add_chunked_req does when nothing fits: it returns the request.
+    Stock takes the continuation's chunk from the adder's memory budget:
+    available_chunk_tokens(rem_chunk_tokens) (ride_on_budget adds the slack,
+    so stock checks KV memory for the whole piece), then fit_chunk, whose
+    None makes stock return the request to wait (fit_on_grid cuts there).
+    Only add_chunked_req calls them, once per step (tests/test_release_wheels.py
+    checks each release's source).
     """
     step = step_of(instance)
-    if step is None:
+    if step is not None:
+        _prepare_continuation(step, instance, args[0] if args else kwargs["req"])
+    return wrapped(*args, **kwargs)
+
+
+def ride_on_budget(wrapped, instance, args, kwargs):
+    """Wraps the memory budget's available_chunk_tokens (0.5.21+): the chunk a continuation may
+    take, with the riding final piece's slack (step.ride_slack) added to the chunk budget."""
+    step = instance.__dict__.get(_STEP)
+    if step is None or not step.ride_slack:
         return wrapped(*args, **kwargs)
+    chunk_limit = args[0] if args else kwargs["chunk_limit"]
+    return wrapped(chunk_limit + step.ride_slack)
+
+
+def fit_on_grid(wrapped, instance, args, kwargs):
+    """Wraps the memory budget's fit_chunk (0.5.21+), the last answer on a continuation's chunk
+    that can say "wait" (None): the chunk cut on the grid, or None where the budget holds no grid
+    cut. A request that waits so is parked (keep_solo_tiles)."""
+    limit = wrapped(*args, **kwargs)
+    step = instance.__dict__.get(_STEP)
+    if step is None or limit is None:
+        return limit
+    cut = _continuation_cut(step, limit, kwargs["extend_input_len"])
+    step.parked = cut is None
+    return cut
+
+
+def continue_on_grid_by_clamp(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.add_chunked_req on 0.5.20, which has no memory budget object: the cut
+    is decided before stock runs, and stock is given it as its chunk budget.
+
+    0.5.20 clamps the continuation itself (_stock_clamp) and hands the cut
+    to req.set_extend_range only: no function of it can answer "wait", so a
+    continuation with no grid cut waits here, without calling stock.
+    Stock's own wait (hybrid SWA with no room) returns the request as well;
+    both come before stock reports to the prefill delayer, which then
+    counts the rank not prefillable.
+    """
+    step = step_of(instance)
     req = args[0] if args else kwargs["req"]
-    try:
-        return _stock_with_chunk_budget(wrapped, args, kwargs, instance, _ride_slack(step, instance, req))
-    except _NoGridCut:
-        step.parked = req
+    if step is None or instance.dllm_config is not None:  # dLLM chunks come from rem_dllm_tokens
+        return wrapped(*args, **kwargs)
+    _prepare_continuation(step, instance, req)
+    limit = _stock_clamp(instance)
+    if step.ride_slack or limit is None:
+        return _stock_with_chunk_budget(wrapped, args, kwargs, instance, step.ride_slack)
+    remaining = len(req.full_untruncated_fill_ids) - req_prefix_len(req)
+    cut = _continuation_cut(step, min(limit, remaining), remaining)
+    if cut is None:
+        step.parked = True
         return req
-
-
-def continue_on_grid_by_budget(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_chunked_req on 0.5.21-0.5.22, which have no floor_chunked_tokens:
-    as continue_on_grid, with the cut taken where stock takes it from.
-
-    Stock cuts a continuation at what the adder's memory budget fits
-    (memory_budget.fit_chunk, which only add_chunked_req calls), so for this
-    call that budget, the adder's own for this step, answers on the grid.
-    Where it holds no grid cut the answer is fit_chunk's own "nothing fits"
-    (None), on which stock returns the request to wait.
-    """
-    step = step_of(instance)
-    if step is None:
+    if cut == min(limit, remaining):
         return wrapped(*args, **kwargs)
-    budget, req = instance.memory_budget, args[0] if args else kwargs["req"]
-    fit_chunk = budget.fit_chunk
-
-    def fit_on_grid(*, extend_input_len, **limits):
-        limit = fit_chunk(extend_input_len=extend_input_len, **limits)
-        if limit is None:
-            return None
-        cut = _continuation_cut(step, instance, limit, extend_input_len)
-        if cut is None:
-            step.parked = req
-        return cut
-
-    return _continue_with_override(budget, "fit_chunk", fit_on_grid, wrapped, instance, args, kwargs)
+    return _stock_with_chunk_budget(wrapped, args, kwargs, instance, cut - instance.rem_chunk_tokens)
 
 
-def continue_on_grid_by_extend(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_chunked_req on 0.5.20, which has no memory budget object either:
-    stock clamps the continuation itself and hands its end to req.set_extend_range before
-    charging the budget, so for this call that sets the end on the grid.
+def _stock_clamp(adder):
+    """The chunk 0.5.20's add_chunked_req gives a continuation, read as it reads it (budget,
+    KV memory, the SWA pool), or None where stock returns the request to wait.
+
+    A restatement of those stock lines, which hand their answer to no
+    function; tests/test_release_wheels.py checks 0.5.20's source has them.
     """
-    step = step_of(instance)
-    if step is None:
-        return wrapped(*args, **kwargs)
-    req = args[0] if args else kwargs["req"]
-    set_extend_range = req.set_extend_range
-    prompt_len = len(req.full_untruncated_fill_ids)
-
-    def extend_on_grid(start, end):
-        cut = _continuation_cut(step, instance, end - start, prompt_len - start)
-        if cut is None:
-            raise _NoGridCut  # stock has no "wait" answer once it sets the range
-        set_extend_range(start, start + cut)
-
-    return _continue_with_override(req, "set_extend_range", extend_on_grid, wrapped, instance, args, kwargs)
-
-
-def _continue_with_override(owner, method, override, wrapped, instance, args, kwargs):
-    """continue_on_grid with owner.<method> answered by `override` for the one stock call: an
-    instance attribute over the class's method, removed again after it. The class itself is
-    never touched. Stock takes no parameter for it. wrapt's transient_function_wrapper does the
-    same, but the wrapt releases setup.cfg admits (2.1, for one) restore with setattr, which
-    leaves the bound method behind as an instance attribute."""
-    setattr(owner, method, override)
-    try:
-        return continue_on_grid(wrapped, instance, args, kwargs)
-    finally:
-        delattr(owner, method)
+    limit = min(adder.rem_chunk_tokens, int(adder.rem_total_tokens))
+    if adder.is_hybrid_swa and not adder._swa_req_ring:
+        limit = min(limit, int(adder.rem_swa_tokens) - adder.page_size)
+    if limit > 0:
+        return limit
+    return None if adder.is_hybrid_swa else adder.rem_chunk_tokens
 
 
 def ignore_eos_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_one_req_ignore_eos: its chunk ends on the grid, or it waits.
+    """Wraps PrefillAdder.add_one_req_ignore_eos on 0.5.23+: its chunk ends on the grid, or it
+    waits. Stock passes the chunk budget through floor_chunked_tokens, which hands back the cut
+    decided here (hand_back_ignore_eos_cut)."""
+    return _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back=True)
 
-    Stock cuts an ignore_eos chunk at the chunk budget (0.5.23 passes it
-    through floor_chunked_tokens, older releases take it as it is), so for
-    this call the budget is lowered to the grid cut, or raised where the short
-    final piece rides along. Stock reports the rank prefillable to the prefill
-    delayer before it cuts the chunk, so a request the grid leaves no cut for
-    is deferred before stock runs at all, never after it has reported.
-    The cut is decided here once; on 0.5.23+ stock passes the lowered budget
-    through floor_chunked_tokens, which hands it back from the step (cut_on_grid).
+
+def ignore_eos_on_grid_by_chunk_budget(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.add_one_req_ignore_eos before 0.5.23, which cuts at rem_chunk_tokens
+    itself (0.5.22 writes req.extend_end from it; 0.5.20-0.5.21 pass it to Req.set_extend_range,
+    which every admission and mixed-in decode calls, and whose Req knows no step): the budget is
+    lowered to the cut for the stock call."""
+    return _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back=False)
+
+
+def _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back):
+    """An ignore_eos chunk ends on the grid, or the request waits.
+
+    Stock reports the rank prefillable to the prefill delayer before it cuts
+    the chunk, so a request the grid leaves no cut for is deferred before
+    stock runs at all, never after it has reported. The cut is decided here
+    once. A cut beyond the budget (the short final piece rides along) raises
+    the budget for the call: stock's "last chunk" test reads rem_chunk_tokens
+    itself. A cut below it lowers the budget where floor_chunked_tokens
+    cannot hand it back.
     """
     step = step_of(instance)
     req = args[0] if args else kwargs["req"]
@@ -262,30 +271,48 @@ def ignore_eos_on_grid(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     if _unfinished_chunk_in_batch(instance):
         return _schedule_policy().AddReqResult.OTHER
-    end = _grid_cut(step, instance, start, budget, prompt_len, may_ride=not instance.can_run_list, warn=False)
+    end = _grid_cut(step.rules, start, budget, prompt_len, _short_tail(instance, not instance.can_run_list), warn=False)
     if end == start:
         return _schedule_policy().AddReqResult.OTHER
-    step.ignore_eos_cut = end - start
+    cut = end - start
+    if cut > budget or not floor_hands_back:
+        result = _stock_with_chunk_budget(wrapped, args, kwargs, instance, cut - budget)
+        if cut < budget and instance.can_run_list and instance.can_run_list[-1] is req:
+            return instance.budget_state()  # what stock returns after admitting, read off the real budget
+        return result
+    step.ignore_eos_cut = cut
     try:
-        result = _stock_with_chunk_budget(wrapped, args, kwargs, instance, end - start - budget)
+        return wrapped(*args, **kwargs)
     finally:
         step.ignore_eos_cut = None
-    if instance.can_run_list and instance.can_run_list[-1] is req:
-        return instance.budget_state()  # what stock returns after admitting, read off the real budget
-    return result
+
+
+def hand_back_ignore_eos_cut(wrapped, instance, args, kwargs):
+    """Wraps PrefillAdder.floor_chunked_tokens (0.5.23+): an ignore_eos chunk is cut where
+    ignore_eos_on_grid decided (step.ignore_eos_cut), through stock's own flooring.
+
+    Continuation cuts pass through: fit_on_grid has put them on the grid.
+    Stock moves a cut here only under DCP with the mamba extra buffer, down
+    onto the mamba kernel grid: a grid cut stays on the grid there where one
+    grid divides the other.
+    """
+    step = step_of(instance)
+    if step is None or step.ignore_eos_cut is None:
+        return wrapped(*args, **kwargs)
+    return wrapped(step.ignore_eos_cut, args[1] if len(args) > 1 else kwargs["remaining"])
 
 
 def _stock_with_chunk_budget(wrapped, args, kwargs, adder, tokens):
-    """Run stock with the chunk budget moved by `tokens`: raised by _ride_slack when a request's
-    short final piece should ride along (the request alone in the batch, e.g. chunk 128 at
-    group 1), so stock admits it whole; lowered to an ignore_eos request's grid cut.
+    """Run stock with the chunk budget moved by `tokens`, where stock reads rem_chunk_tokens itself
+    and no function of it carries the answer: raised where a request's short final piece rides
+    along (the request alone in the batch, e.g. chunk 128 at group 1), for an ignore_eos
+    request's "last chunk" test and for a 0.5.20 continuation's clamp; lowered to a cut decided
+    before stock (ignore_eos before 0.5.23, a 0.5.20 continuation).
 
-    Stock offers no other route: its "last chunk" decision, its chunk limits
-    and (before 0.5.23) the cut itself all read rem_chunk_tokens.
     What stock charges stays charged when the move is undone. A riding piece
     is still bounded by the KV memory stock has, and stock charges the whole
     extend, so the budget ends below zero and the batch closes. A plain
-    function, not a context manager: one costs ~1.3 µs, on every continuation.
+    function, not a context manager: one costs ~1.3 µs.
     """
     if not tokens:
         return wrapped(*args, **kwargs)
@@ -297,12 +324,13 @@ def _stock_with_chunk_budget(wrapped, args, kwargs, adder, tokens):
 
 
 def _ride_slack(step, adder, req):
-    """Tokens beyond the chunk budget that `req`'s riding final piece needs, or 0.
+    """Tokens beyond the chunk budget that the continuation `req`'s riding final piece needs, or 0.
+    A continuation is alone in its batch (_prepare_continuation), so its piece may ride.
 
     Only a piece shorter than min_tail rides, so chunk_end is asked only when
     less than that lies beyond the budget (most continuations skip it).
     """
-    if adder.rem_chunk_tokens is None or adder.can_run_list:
+    if adder.rem_chunk_tokens is None:  # chunked prefill off, as stock reads None
         return 0
     start, prompt_len, budget = req_prefix_len(req), len(req.full_untruncated_fill_ids), adder.rem_chunk_tokens
     beyond = prompt_len - start - budget
@@ -313,7 +341,7 @@ def _ride_slack(step, adder, req):
 
 def keep_solo_tiles(wrapped, instance, args, kwargs):
     """Wraps PrefillAdder.add_one_req: defer a request that would move a member off its solo tile,
-    and every request behind a chunked request parked this step (continue_on_grid).
+    and every request behind a chunked request parked this step (step.parked).
 
     The candidate's extend is not known before admission, but it is at least
     min(remaining, min_tail) tokens; the batch tile only grows with it, and
@@ -324,7 +352,7 @@ def keep_solo_tiles(wrapped, instance, args, kwargs):
     step = step_of(instance)
     if step is None:
         return wrapped(*args, **kwargs)
-    if step.parked is not None:
+    if step.parked:
         return _schedule_policy().AddReqResult.OTHER
     if not instance.can_run_list:
         return wrapped(*args, **kwargs)
@@ -361,21 +389,24 @@ def publish_full_tiles(wrapped, instance, args, kwargs):
     return wrapped(*args, **{**kwargs, "up_to": up_to})
 
 
-def _grid_cut(step, adder, start, budget, prompt_len, may_ride=False, warn=True):
-    """chunk_end for an extend the adder cuts at `budget`, with the short-tail handling the
-    adder's state allows: ride where the chunk budget alone cut a request that is alone in the
-    batch (its caller makes room); otherwise wait where other requests left the budget over or
-    running requests will free KV memory; keep the short piece only where nothing will free any,
-    because waiting there would be forever. That last case is not bit-exact, and says so.
-    """
+def _short_tail(adder, may_ride=False):
+    """How a cut the adder makes treats a final piece too short for the full tile, as its state
+    allows: ride where the chunk budget alone cut a request that is alone in the batch (the
+    caller makes room); otherwise wait where other requests left the budget over or running
+    requests will free KV memory; keep the short piece only where nothing will free any, because
+    waiting there would be forever."""
     if may_ride:
-        short_tail = RIDE
-    elif adder.can_run_list or _running_requests_hold_kv(adder):
-        short_tail = WAIT
-    else:
-        short_tail = KEEP
-    end = chunk_end(start, budget, prompt_len, step.rules, short_tail)
-    if warn and short_tail == KEEP and 0 < prompt_len - end < step.rules.min_tail:
+        return RIDE
+    if adder.can_run_list or _running_requests_hold_kv(adder):
+        return WAIT
+    return KEEP
+
+
+def _grid_cut(rules, start, budget, prompt_len, short_tail, warn=True):
+    """chunk_end for an extend cut at `budget`, with `short_tail` (_short_tail). A short piece
+    kept is not bit-exact, and says so."""
+    end = chunk_end(start, budget, prompt_len, rules, short_tail)
+    if warn and short_tail == KEEP and 0 < prompt_len - end < rules.min_tail:
         logger.warning(
             "sglang-chunk-align: KV memory holds %d tokens, too few for the final %d of a prompt "
             "with no running request to free more: its %d-token final piece runs on a smaller fa2 "

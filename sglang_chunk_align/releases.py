@@ -18,17 +18,17 @@ SUPPORTED = ">=0.5.12,<0.5.24"
 # (check_truncation_align_fits_chunk) and no longer aligns deterministic triton.
 STOCK_STARTUP_CHECK = "0.5.22"
 # First release where the grid rules run: PrefillAdder has every admission path they
-# patch (_select_prefill_admission for new requests; continuation cuts reach
-# Req.set_extend_range there, the adder's memory budget from MEMORY_BUDGET on).
+# patch (_select_prefill_admission for new requests; a continuation's cut is decided before
+# its add_chunked_req clamps it, and from MEMORY_BUDGET on answered by the adder's memory budget).
 GRID_RULES = "0.5.20"
 # First release whose PrefillAdder takes a continuation's cut from a memory budget object
-# (memory_budget.fit_chunk).
+# (memory_budget.available_chunk_tokens, then fit_chunk, whose None makes it wait).
 MEMORY_BUDGET = "0.5.21"
 # First release where the rules reach radix hits and the tree (match_kv_cache,
 # UnifiedRadixCache.checkpoint), so the radix opt-in is offered.
 RADIX_OPT_IN = "0.5.22"
-# First release with PrefillAdder.floor_chunked_tokens, where continuation cuts are hooked
-# directly.
+# First release with PrefillAdder.floor_chunked_tokens, through which an ignore_eos request's
+# grid cut is handed back.
 FLOOR_CHUNKED_TOKENS = "0.5.23"
 # First releases with these attention backends, whose declarations the patch table adds.
 MINIMAX_HYBRID_BACKEND = "0.5.16"
@@ -59,6 +59,8 @@ OLDER_WITH_GRID_RULES = "0.5.22"
 OLDEST_CPU_SCHEDULER = "0.5.13"
 OLDEST = "0.5.12"
 
-# SGLang's own CPU unit tests (paths in SGLang's repository) that reach the patched code; CI
-# fetches them at NEWEST's tag and tests/test_sglang_upstream.py runs them with the plugin loaded.
+# SGLang's own CPU unit tests (paths in SGLang's repository) that reach the patched code. CI
+# cannot reach GitHub, so nothing fetches them: tests/test_sglang_upstream.py runs them with the
+# plugin loaded where SGLANG_UPSTREAM_TESTS names a checkout of SGLang at the installed release,
+# and skips otherwise.
 UPSTREAM_UNIT_TESTS = ("test/registered/unit/managers/test_deterministic_chunk_align.py",)

@@ -5,7 +5,7 @@ Stock SGLang maps the backend *name* to SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZ
 live backend declares as `prefill_chunk_align`, the split-tile variable stays
 a pure kernel knob, and SGLang's later LCM steps (DSA kpool, mamba grid) keep
 combining with it. Wrappers use wrapt's (wrapped, instance, args, kwargs)
-signature; patches.py says where each one goes.
+signature; patch_table.py says where each one goes.
 """
 
 import logging
@@ -13,6 +13,7 @@ import sys
 
 from . import prefill_hooks, releases
 from .alignment import chunk_size_error
+from .backends import runs_fa2_grid
 from .compat import RADIX_CACHE_ENV, RULES_ENV, check_switches, env_flag, installed_version, switch_refusals
 from .planning import Rules
 
@@ -69,19 +70,17 @@ class Startup:
     A plain class, as prefill_hooks.Step: a dataclass's generated methods cost import time.
     """
 
-    __slots__ = ("backend", "q_tile", "rules", "rules_available")
+    __slots__ = ("backend", "q_tile", "armed", "rules", "rules_available")
 
-    def __init__(self, backend, q_tile, rules, rules_available):
+    def __init__(self, backend, q_tile, armed, rules, rules_available):
         self.backend = backend  # the live attention backend, or None on a bare Scheduler
         self.q_tile = q_tile  # what it declares as prefill_chunk_align
+        # It declares that alignment for fa2's q-tile grid (deterministic flashinfer,
+        # backends.runs_fa2_grid): only then does the plugin refuse, change or check anything;
+        # elsewhere SGLang runs as stock, deterministic triton's kept alignment included.
+        self.armed = armed
         self.rules = rules  # the grid rules to activate, or None
         self.rules_available = rules_available  # whether this release has the points the rules need
-
-    @property
-    def armed(self):
-        """A backend declares a chunk alignment (deterministic flashinfer): only then does the
-        plugin refuse, change or check anything; elsewhere SGLang runs as stock."""
-        return self.q_tile is not None
 
 
 def _arm(scheduler, rules_available):
@@ -100,11 +99,11 @@ def _arm(scheduler, rules_available):
 def _decide(scheduler, rules_available):
     backend = live_backend(scheduler)
     q_tile = backend.prefill_chunk_align if backend is not None else None
+    armed = backend is not None and runs_fa2_grid(backend)
     rules = None
-    armed_with_alignment = q_tile is not None and scheduler.truncation_align_size is not None
-    if armed_with_alignment and rules_available and env_flag(RULES_ENV, True):
+    if armed and scheduler.truncation_align_size is not None and rules_available and env_flag(RULES_ENV, True):
         rules = _rules_for(scheduler, backend)
-    return Startup(backend, q_tile, rules, rules_available)
+    return Startup(backend, q_tile, armed, rules, rules_available)
 
 
 def _log(startup, align):

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_chunk_align import prefill_hooks, scheduler_driver, standins
-from sglang_chunk_align.compat import req_extend_end
+from sglang_chunk_align import prefill_hooks, releases, scheduler_driver, standins
+from sglang_chunk_align.compat import req_extend_end, sglang_at_least
 from sglang_chunk_align.planning import Rules
 
 pytestmark = pytest.mark.needs_grid_rules
@@ -140,13 +140,33 @@ def test_new_request_alone_lets_its_short_final_piece_ride(plugin, rules, end):
         assert req_extend_end(req) == end and (adder.new_chunked_req is None) == rules
 
 
+def record_floor_calls(monkeypatch):
+    """[(the length stock passes PrefillAdder.floor_chunked_tokens, the chunk budget then)] per
+    call from now on, from 0.5.23; None before, where the method does not exist."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    if not sglang_at_least(releases.FLOOR_CHUNKED_TOKENS):
+        return None
+    calls, floor = [], PrefillAdder.floor_chunked_tokens  # the plugin's wrapper, where it is applied
+
+    def spy(adder, trunc_len, remaining):
+        calls.append((trunc_len, adder.rem_chunk_tokens))
+        return floor(adder, trunc_len, remaining)
+
+    monkeypatch.setattr(PrefillAdder, "floor_chunked_tokens", spy)
+    return calls
+
+
 @pytest.mark.parametrize("rules, end, verdict", [(True, 128, "CONTINUE"), (False, 156, "OTHER")])
-def test_ignore_eos_request_after_another_is_cut_on_the_grid(plugin, rules, end, verdict):
+def test_ignore_eos_request_after_another_is_cut_on_the_grid(plugin, monkeypatch, rules, end, verdict):
     """After a 100-token request, stock cuts an ignore_eos request at the 156 tokens left of chunk 256.
-    The rules cut it at 128 and leave 28 tokens of chunk budget, which the adder's verdict reports."""
+    The rules cut it at 128 and leave 28 tokens of chunk budget, which the adder's verdict reports.
+    From 0.5.23 stock floors the budget as it reads it (156) through floor_chunked_tokens, which
+    hands the grid cut back: the budget is never moved around the stock call."""
     from sglang.srt.managers.schedule_policy import AddReqResult
 
     with adder_with(256, kv_tokens=8192, rules=rules) as (new_adder, new_req):
+        floored = record_floor_calls(monkeypatch)
         adder = new_adder()
         first, second = new_req(0, 100), new_req(1, 1000, ignore_eos=True)
         admit_new(adder, first)
@@ -154,6 +174,7 @@ def test_ignore_eos_request_after_another_is_cut_on_the_grid(plugin, rules, end,
         assert adder.can_run_list == [first, second]
         assert req_extend_end(second) == end and adder.new_chunked_req is second
         assert adder.rem_chunk_tokens == 256 - 100 - (end - 0)
+    assert floored in (None, [(156, 156)])
 
 
 class PrefillDelayer:

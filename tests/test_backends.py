@@ -73,16 +73,39 @@ def test_flashinfer_mla_backends_declare_none(deterministic, module, name):
     assert instance.prefill_chunk_align is None
 
 
-def test_hybrid_forwards_its_prefill_backend(deterministic):
+def _hybrid(prefill, decode):
+    """A HybridAttnBackend over the two, with a stand-in for the GPU model runner."""
     HybridAttnBackend = _class("hybrid_attn_backend", "HybridAttnBackend")
-    TritonAttnBackend = _class("triton_backend", "TritonAttnBackend")
-    runner = SimpleNamespace(  # stand-in for the GPU model runner
+    runner = SimpleNamespace(
         kv_cache_dtype=None, token_to_kv_pool=None, req_to_token_pool=None, kv_index_translator=None,
         model_config=SimpleNamespace(context_len=4096),
     )
+    return HybridAttnBackend(runner, prefill, decode)
+
+
+def test_hybrid_forwards_its_prefill_backend(deterministic):
+    TritonAttnBackend = _class("triton_backend", "TritonAttnBackend")
     triton = TritonAttnBackend.__new__(TritonAttnBackend)
-    assert HybridAttnBackend(runner, flashinfer_backend(), triton).prefill_chunk_align == 128
-    assert HybridAttnBackend(runner, triton, flashinfer_backend()).prefill_chunk_align is None
+    assert _hybrid(flashinfer_backend(), triton).prefill_chunk_align == 128
+    assert _hybrid(triton, flashinfer_backend()).prefill_chunk_align is None
+
+
+def test_only_a_declaration_for_the_fa2_grid_arms_the_plugin(deterministic, monkeypatch):
+    """backends.runs_fa2_grid, which the scheduler's Startup.armed asks: a deterministic flashinfer
+    backend, or a wrapper forwarding its prefill to one; not the stock alignment deterministic
+    triton declares before 0.5.22 (put on here), nor a wrapper forwarding to it."""
+    from sglang_chunk_align import backends
+
+    TritonAttnBackend = _class("triton_backend", "TritonAttnBackend")
+    monkeypatch.setattr(
+        TritonAttnBackend, "prefill_chunk_align", property(backends.triton_prefill_chunk_align), raising=False
+    )
+    triton = backend(TritonAttnBackend, enable_deterministic=True)
+    assert triton.prefill_chunk_align == 4096 and not backends.runs_fa2_grid(triton)
+    assert backends.runs_fa2_grid(flashinfer_backend()) and backends.runs_fa2_grid(_hybrid(flashinfer_backend(), triton))
+    assert _hybrid(triton, flashinfer_backend()).prefill_chunk_align == 4096
+    assert not backends.runs_fa2_grid(_hybrid(triton, flashinfer_backend()))
+    assert not backends.runs_fa2_grid(flashinfer_backend(skip_prefill=True))
 
 
 @pytest.mark.parametrize("name", ["HybridLinearAttnBackend", "ShortConvHybridAttnBackend"])

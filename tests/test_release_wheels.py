@@ -26,7 +26,7 @@ from packaging.version import Version
 from sglang_chunk_align import patch_table, prefill_hooks
 from sglang_chunk_align.compat import ChunkAlignError
 from sglang_chunk_align.patches import AddMember, Declare, Wrap, release_points
-from sglang_chunk_align.releases import FLOOR_CHUNKED_TOKENS, MEMORY_BUDGET, NEWEST, RELEASES
+from sglang_chunk_align.releases import MEMORY_BUDGET, NEWEST, RELEASES
 
 WHEELS_ENV = "SGLANG_RELEASE_WHEELS"
 if not os.environ.get(WHEELS_ENV):
@@ -49,13 +49,36 @@ SIGNATURES = {
     "PrefillAdder.add_one_req_ignore_eos": "self, req",
     "PrefillAdder.add_one_req": "self, req, has_chunked_req, truncation_align_size",
     "match_kv_cache": "req, tree_cache, ..., *, max_prefix_len",
+    **{f"{budget}.available_chunk_tokens": "self, chunk_limit"
+       for budget in ("PrefillBudget", "SWAPrefillBudget", "SharedSWAPrefillBudget")},
+    **{f"{budget}.fit_chunk": "self, ..., *, extend_input_len" for budget in ("PrefillBudget", "SharedSWAPrefillBudget")},
 }
 # Calls inside a wrapped function that its wrapper relies on, by wrapper: the callee as
 # written there, and a keyword it must pass (None: positional arguments).
 CALLS = {
-    prefill_hooks.continue_on_grid_by_budget: ("self.memory_budget.fit_chunk", "extend_input_len"),
-    prefill_hooks.continue_on_grid_by_extend: ("req.set_extend_range", None),
+    prefill_hooks.continue_on_grid: [("self.memory_budget.available_chunk_tokens", None),
+                                     ("self.memory_budget.fit_chunk", "extend_input_len")],
+    prefill_hooks.ignore_eos_on_grid: [("self.floor_chunked_tokens", None)],
 }
+# Stock statements a wrapper restates or relies on (as ast.unparse writes them), by wrapper:
+# 0.5.20's continuation clamp, which prefill_hooks._stock_clamp restates, and the chunk budget
+# an ignore_eos cut is taken from before floor_chunked_tokens.
+STATEMENTS = {
+    prefill_hooks.continue_on_grid_by_clamp: [
+        "_rem_tokens = min(self.rem_chunk_tokens, int(self.rem_total_tokens))",
+        "if self.is_hybrid_swa and (not self._swa_req_ring):",
+        "_rem_tokens = min(_rem_tokens, int(self.rem_swa_tokens) - self.page_size)",
+        "if _rem_tokens <= 0:",
+        "if self.is_hybrid_swa:",
+        "return req",
+        "_rem_tokens = self.rem_chunk_tokens",
+        "new_len = min(cand_extend_input_len, _rem_tokens)",
+    ],
+    prefill_hooks.ignore_eos_on_grid_by_chunk_budget: ["trunc_len = self.rem_chunk_tokens"],
+}
+# The memory budget methods whose wrappers answer a continuation (prefill_hooks.continue_on_grid):
+# stock calls them in PrefillAdder.add_chunked_req only.
+CONTINUATION_ONLY = ("fit_chunk", "available_chunk_tokens")
 
 
 class Wheel:
@@ -79,6 +102,14 @@ class Wheel:
         if source not in self._trees:
             self._trees[source] = ast.parse(self._archive.read(source), source)
         return _bindings(self._trees[source].body)
+
+    def sources_mentioning(self, *needles):
+        """(member, parsed module) for every module source that contains one of the byte strings."""
+        for name in sorted(self._names):
+            if name.endswith(".py"):
+                text = self._archive.read(name)
+                if any(needle in text for needle in needles):
+                    yield name, ast.parse(text, name)
 
     def imported(self, node):
         """(source module, its bindings) for a one-name `from ... import`; relative ones stay unresolved."""
@@ -157,18 +188,26 @@ def _wrapped_problems(wheel, point, stock, class_name):
     expected = SIGNATURES.get(point.target)
     if expected and not _signature_fits(stock.args, expected):
         return [f"{point.name}: signature ({ast.unparse(stock.args)}) in {where}, expected ({expected})"]
-    call = CALLS.get(point.wrapper)
-    if call and not _calls(stock, *call):
-        callee, keyword = call
-        return [f"{point.name}: no call {callee}({f'{keyword}=...' if keyword else ''}) in {where}"]
-    if point.wrapper is prefill_hooks.continue_on_grid_by_budget and not _waits_when_nothing_fits(stock):
+    for callee, keyword in CALLS.get(point.wrapper, ()):
+        if not _calls(stock, callee, keyword):
+            return [f"{point.name}: no call {callee}({f'{keyword}=...' if keyword else ''}) in {where}"]
+    written = {_statement(node) for node in ast.walk(stock) if isinstance(node, ast.stmt)}
+    missing = [line for line in STATEMENTS.get(point.wrapper, ()) if line not in written]
+    if missing:
+        return [f"{point.name}: no statement {missing[0]!r} in {where}"]
+    if point.wrapper is prefill_hooks.continue_on_grid and not _waits_when_nothing_fits(stock):
         return [f"{point.name}: does not return req when memory_budget.fit_chunk answers None, in {where}"]
     return []
 
 
+def _statement(node):
+    """A statement's first line as ast.unparse writes it (a compound one's header)."""
+    return ast.unparse(node).splitlines()[0]
+
+
 def _waits_when_nothing_fits(function):
     """Whether stock returns the request at once when fit_chunk answers None: the "no grid cut"
-    answer of continue_on_grid_by_budget's fit_chunk is that None."""
+    answer of fit_on_grid is that None."""
     for node in ast.walk(function):
         body = getattr(node, "body", None)
         for statement, following in zip(body, body[1:]) if isinstance(body, list) else ():
@@ -215,6 +254,53 @@ def _wrong(kind, target, value, module="sglang.srt.managers.scheduler"):
     return kind(module, target, value, "deliberately wrong", ">=0")
 
 
+def calls_outside(tree, methods, allowed):
+    """(where, callee) of each call of an attribute named in `methods` outside the function
+    `allowed` ("Class.function"), where being the enclosing "Class.function" or the module."""
+    found = []
+
+    def visit(node, where):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            where = f"{where}.{node.name}" if where else node.name
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods:
+            if where != allowed:
+                found.append((where or "<module>", ast.unparse(node.func)))
+        for child in ast.iter_child_nodes(node):
+            visit(child, where)
+
+    visit(tree, "")
+    return found
+
+
+def _answers_continuations(point):
+    return isinstance(point, Wrap) and point.wrapper in (prefill_hooks.ride_on_budget, prefill_hooks.fit_on_grid)
+
+
+@pytest.mark.parametrize(
+    "release", [r for r in RELEASES if any(_answers_continuations(p) for p in release_points(patch_table, Version(r)))]
+)
+def test_budget_wrappers_answer_continuations_only(release):
+    """ride_on_budget and fit_on_grid answer whatever call reaches a budget that holds a Step:
+    stock must call those methods for a continuation only (PrefillAdder.add_chunked_req), and no
+    budget method may call another one's (super().fit_chunk would apply a wrapper twice)."""
+    needles = [f".{method}(".encode() for method in CONTINUATION_ONLY]
+    found = [
+        f"{name}: {where} calls {callee}"
+        for name, tree in release_wheel(release).sources_mentioning(*needles)
+        for where, callee in calls_outside(tree, CONTINUATION_ONLY, "PrefillAdder.add_chunked_req")
+    ]
+    assert not found, f"SGLang {release}:\n" + "\n".join(found)
+
+
+def test_call_finder_names_the_caller():
+    tree = ast.parse(
+        "class PrefillAdder:\n    def add_chunked_req(self):\n        self.memory_budget.fit_chunk()\n"
+        "class SWAPrefillBudget:\n    def fit_chunk(self):\n        return super().fit_chunk()\n"
+    )
+    found = calls_outside(tree, CONTINUATION_ONLY, "PrefillAdder.add_chunked_req")
+    assert found == [("SWAPrefillBudget.fit_chunk", "super().fit_chunk")]
+
+
 @pytest.mark.parametrize(
     "point, reported",
     [
@@ -239,13 +325,13 @@ def _before(release):
     [
         # The release before the memory budget (0.5.20): its add_chunked_req clamps a
         # continuation itself, no memory budget answers for it.
-        (prefill_hooks.continue_on_grid_by_budget, _before(MEMORY_BUDGET),
-         "no call self.memory_budget.fit_chunk(extend_input_len=...)"),
-        # The release before floor_chunked_tokens (0.5.22) sets req.extend_end directly.
-        (prefill_hooks.continue_on_grid_by_extend, _before(FLOOR_CHUNKED_TOKENS), "no call req.set_extend_range()"),
+        (prefill_hooks.continue_on_grid, _before(MEMORY_BUDGET), "no call self.memory_budget.available_chunk_tokens()"),
+        # The first with the memory budget (0.5.21) takes the clamp from it, which _stock_clamp does not restate.
+        (prefill_hooks.continue_on_grid_by_clamp, MEMORY_BUDGET,
+         "no statement '_rem_tokens = min(self.rem_chunk_tokens, int(self.rem_total_tokens))'"),
     ],
 )
-def test_checker_reports_a_missing_call(wrapper, release, reported):
+def test_checker_reports_a_missing_call_or_statement(wrapper, release, reported):
     point = _wrong(Wrap, "PrefillAdder.add_chunked_req", wrapper, "sglang.srt.managers.schedule_policy")
     (problem,) = point_problems(release_wheel(release), point)
     assert reported in problem

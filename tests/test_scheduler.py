@@ -11,7 +11,7 @@ from sglang_chunk_align.compat import sglang_at_least
 from sglang_chunk_align.kernel_facts import installed_facts
 from sglang_chunk_align.planning import Rules
 from sglang_chunk_align.standins import (
-    bare, flashinfer_backend, published, scheduler, scheduler_alignment, stock_alignment_steps,
+    backend, bare, flashinfer_backend, published, scheduler, scheduler_alignment, stock_alignment_steps,
 )
 
 needs_grid_rules = pytest.mark.needs_grid_rules
@@ -82,6 +82,33 @@ def test_no_alignment_without_deterministic_inference(plugin):
 
 def test_no_alignment_when_the_backend_skips_prefill(plugin):
     assert scheduler_alignment(lambda: flashinfer_backend(skip_prefill=True), chunk=100) is None
+
+
+@pytest.mark.parametrize("chunk", [256, 5000, 8192])
+def test_deterministic_triton_keeps_stock_alignment_unarmed_before_the_stock_check(monkeypatch, chunk):
+    """Before 0.5.22 stock aligns deterministic triton to 4096 and checks nothing at startup; the
+    plugin keeps that alignment (TritonAttnBackend declares it there) and stays unarmed: no chunk
+    refused, no grid rules, mixed chunking left on. That release's wrapper and declaration are put
+    on this release's Scheduler: what they decide does not depend on the release."""
+    import wrapt
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_chunk_align import backends, scheduler_hooks
+
+    monkeypatch.setattr(
+        TritonAttnBackend, "prefill_chunk_align", property(backends.triton_prefill_chunk_align), raising=False
+    )
+    init = wrapt.FunctionWrapper(
+        vars(Scheduler)["init_deterministic_inference_config"],
+        scheduler_hooks.init_alignment_and_check(rules_available=True),
+    )
+    monkeypatch.setattr(Scheduler, "init_deterministic_inference_config", init)
+    with published(True, chunk, attention_backend="triton") as server_args:
+        triton = scheduler(server_args, backend(TritonAttnBackend, enable_deterministic=True), is_mixed_chunk=True)
+        triton.init_deterministic_inference_config()
+    assert triton.truncation_align_size == 4096
+    assert prefill_hooks.rules_in_force() is None and triton.is_mixed_chunk
 
 
 def test_dp_attention_message_names_the_total_size():

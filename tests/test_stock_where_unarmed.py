@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 import sglang_chunk_align
 from sglang_chunk_align import prefill_hooks, releases, standins
-from sglang_chunk_align.compat import RADIX_CACHE_ENV, RULES_ENV, sglang_at_least
+from sglang_chunk_align.compat import RADIX_CACHE_ENV, RULES_ENV, installed_version, sglang_at_least
+from sglang_chunk_align.planning import Rules
 
 needs_stock_check = pytest.mark.skipif(
     not sglang_at_least(releases.STOCK_STARTUP_CHECK),
@@ -210,6 +211,64 @@ def test_admissions_with_the_rules_not_in_force_are_stock(prompts, chunk, align,
     """Whole schedules, step by step: every batch, radix hit and donor the same as stock's."""
     args = (prompts, chunk, align, kv_tokens, radix, page_size)
     assert schedule(*args, True, deterministic) == schedule(*args, False, deterministic)
+
+
+def budget_classes():
+    """The memory-budget classes whose methods the patch table wraps on this release (0.5.21+)."""
+    from sglang_chunk_align import patch_table, patches
+
+    points = patches.release_points(patch_table, installed_version())
+    return sorted({p.class_and_attribute[0] for p in points if isinstance(p, patches.Wrap) and p.wrapper in BUDGET_WRAPPERS})
+
+
+BUDGET_WRAPPERS = (prefill_hooks.ride_on_budget, prefill_hooks.fit_on_grid)
+pool_size = st.integers(-64, 4096)
+
+
+@pytest.mark.skipif(not budget_classes(), reason=f"the adder's memory budget came with SGLang {releases.MEMORY_BUDGET}")
+@settings(max_examples=EXAMPLES * 2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    free=pool_size, swa_free=pool_size, evictable=st.integers(0, 512), offset=st.integers(0, 2048),
+    page_size=st.sampled_from([1, 16]), req_ring=st.booleans(), fits=st.booleans(),
+    chunk_limit=st.integers(-16, 4096), extend=st.integers(1, 8192), max_new_tokens=st.integers(0, 64),
+    rules=st.booleans(),
+)
+def test_memory_budget_answers_are_stock_without_a_step(free, swa_free, evictable, offset, page_size, req_ring,
+                                                         fits, chunk_limit, extend, max_new_tokens, rules):
+    """Every wrapped memory-budget class (plain, SWA, shared SWA) answers available_chunk_tokens and
+    fit_chunk as stock does for a budget that holds no Step (only step_of gives one, to a budget
+    whose adder steps with the rules in force), the rules in force or not. The scheduling loop
+    above reaches only the plain budget; these stand in for the KV pools and tree an SWA model's
+    budget reads."""
+    from sglang.srt.mem_cache import prefill_budget
+
+    allocator = SimpleNamespace(
+        page_size=page_size, size_swa=4096, swa_ring_cost_tokens=256,
+        available_size=lambda: free, full_available_size=lambda: free, swa_available_size=lambda: swa_free,
+        can_reserve=lambda *args, **kwargs: fits,
+    )
+    tree = SimpleNamespace(
+        supports_mamba=lambda: False, evictable_size=lambda: evictable, full_evictable_size=lambda: evictable,
+        swa_evictable_size=lambda: evictable, sliding_window_size=512,
+    )
+
+    def answers():
+        if rules:
+            prefill_hooks.activate(Rules())
+        results = []
+        for name in budget_classes():
+            budget = standins.bare(
+                getattr(prefill_budget, name), allocator=allocator, tree_cache=tree, page_size=page_size,
+                total_offset=offset, current_offset=offset, swa_offset=offset, all_swa=False, req_ring=req_ring,
+            )
+            results.append(outcome(lambda: budget.available_chunk_tokens(chunk_limit)))
+            results.append(outcome(lambda: budget.fit_chunk(
+                extend_input_len=extend, max_new_tokens=max_new_tokens, chunk_limit=chunk_limit
+            )))
+        return results
+
+    stock, plugin = stock_and_plugin(answers)
+    assert plugin == stock
 
 
 # --- The same, with the plugin loaded by SGLang's own loader in a fresh interpreter.
