@@ -10,7 +10,7 @@ How the rules reach them is the one hand-off not visible at a call site:
 SGLang builds a new PrefillAdder every step and Req calls match_kv_cache
 itself, so no argument can carry the rules. The scheduler's startup check
 (scheduler_hooks) calls activate() once per process with the Rules for its
-live backend, and patches.remove() calls activate(None); rules_in_force() is
+live backend, and patches.remove() calls activate(None) (patch_table.reset); rules_in_force() is
 the one reader. While it answers None (no deterministic flashinfer
 scheduler, or the rules switched off) every wrapper passes through.
 
@@ -18,8 +18,7 @@ Within a scheduling step the wrappers share one explicit state object, the
 adder's Step (step_of), kept on the adder and on its memory budget (both made
 per step): the rules in force for that step, what a wrapper decided for stock
 to be answered with (a continuation's riding slack and short-tail handling,
-an ignore_eos cut), and
-whether the chunked request waits this step. A decision reaches stock only as
+an ignore_eos cut), and whether the chunked request waits this step. A decision reaches stock only as
 the answer of a stock function that stock takes it from: the memory budget's
 available_chunk_tokens and fit_chunk (0.5.21+; fit_chunk's None is stock's
 own "wait"), floor_chunked_tokens (0.5.23+); or, where stock reads
