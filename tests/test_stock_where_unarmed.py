@@ -217,15 +217,16 @@ def budget_classes():
     """The memory-budget classes whose methods the patch table wraps on this release (0.5.21+)."""
     from sglang_chunk_align import patch_table, patches
 
+    wrappers = (prefill_hooks.ride_on_budget, prefill_hooks.fit_on_grid)
     points = patches.release_points(patch_table, installed_version())
-    return sorted({p.class_and_attribute[0] for p in points if isinstance(p, patches.Wrap) and p.wrapper in BUDGET_WRAPPERS})
+    return sorted({p.class_and_attribute[0] for p in points if isinstance(p, patches.Wrap) and p.wrapper in wrappers})
 
 
-BUDGET_WRAPPERS = (prefill_hooks.ride_on_budget, prefill_hooks.fit_on_grid)
+BUDGET_CLASSES = budget_classes()
 pool_size = st.integers(-64, 4096)
 
 
-@pytest.mark.skipif(not budget_classes(), reason=f"the adder's memory budget came with SGLang {releases.MEMORY_BUDGET}")
+@pytest.mark.skipif(not BUDGET_CLASSES, reason=f"the adder's memory budget came with SGLang {releases.MEMORY_BUDGET}")
 @settings(max_examples=EXAMPLES * 2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     free=pool_size, swa_free=pool_size, evictable=st.integers(0, 512), offset=st.integers(0, 2048),
@@ -256,7 +257,7 @@ def test_memory_budget_answers_are_stock_without_a_step(free, swa_free, evictabl
         if rules:
             prefill_hooks.activate(Rules())
         results = []
-        for name in budget_classes():
+        for name in BUDGET_CLASSES:
             budget = standins.bare(
                 getattr(prefill_budget, name), allocator=allocator, tree_cache=tree, page_size=page_size,
                 total_offset=offset, current_offset=offset, swa_offset=offset, all_swa=False, req_ring=req_ring,
