@@ -19,13 +19,15 @@ ALLOW_UNTESTED_ENV = "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED"
 RULES_ENV = "SGLANG_CHUNK_ALIGN_RULES"
 # Set to 1 to turn the radix cache back on under deterministic flashinfer.
 RADIX_CACHE_ENV = "SGLANG_CHUNK_ALIGN_RADIX_CACHE"
+# Set to 0 to keep stock's prefill-first order: decoding requests wait behind every queued chunk.
+DECODE_WAIT_ENV = "SGLANG_CHUNK_ALIGN_DECODE_WAIT"
 # Where the grid rules run but do not reach radix hits and the tree (scheduler start, doctor).
 RADIX_OPT_IN_NEEDS = (
     f"{RADIX_CACHE_ENV}=1 needs SGLang {releases.RADIX_OPT_IN} or newer, where the grid rules reach "
     "radix hits and the tree"
 )
 # The environment switches and their defaults (README, "Switches").
-SWITCHES = {RULES_ENV: True, RADIX_CACHE_ENV: False, ALLOW_UNTESTED_ENV: False}
+SWITCHES = {RULES_ENV: True, RADIX_CACHE_ENV: False, DECODE_WAIT_ENV: True, ALLOW_UNTESTED_ENV: False}
 
 
 class ChunkAlignError(RuntimeError):

@@ -8,7 +8,7 @@ releases.py. A point that only runs planning.py's grid rules says so
 (grid_rule=True): doctor reports it off under SGLANG_CHUNK_ALIGN_RULES=0.
 """
 
-from . import backends, prefill_hooks, releases, scheduler_hooks
+from . import backends, decode_wait, prefill_hooks, releases, scheduler_hooks
 from .compat import RADIX_CACHE_ENV
 from .patches import ALL_RELEASES, AddMember, Declare, Wrap
 
@@ -77,6 +77,9 @@ PATCH_POINTS = (
     Wrap(_SCHEDULER, "Scheduler.check_truncation_align_fits_chunk", scheduler_hooks.check_chunk_and_activate_rules,
          "stock points users at the split-tile variable and accepts chunks off the q-tile grid; "
          "it activates the grid rules below", f">={_STOCK_CHECK}"),
+    Wrap(_SCHEDULER, "Scheduler._should_defer_prefill", decode_wait.bound_decode_wait,
+         "stock runs every queued prefill chunk before decode: decoding requests wait behind all of them",
+         f">={releases.DECODE_WAIT}"),
     Wrap("sglang.srt.entrypoints.engine", "Engine._launch_subprocesses", scheduler_hooks.refuse_ray_schedulers,
          "Ray scheduler actors never load plugins: refuse deterministic flashinfer there, never run stock"),
     # The grid rules (planning.py), where SGLang has every admission path they need.
@@ -137,5 +140,7 @@ def failure_guard(error):
 
 
 def reset():
-    """Forget the rules the scheduler hooks activated: stock SGLang has none (patches.remove())."""
+    """Forget what the scheduler hooks activated, the rules and the decode wait: stock SGLang has
+    neither (patches.remove())."""
     prefill_hooks.activate(None)
+    decode_wait.activate(None)

@@ -30,6 +30,9 @@ RADIX_OPT_IN = "0.5.22"
 # First release with PrefillAdder.floor_chunked_tokens, through which an ignore_eos request's
 # grid cut is handed back.
 FLOOR_CHUNKED_TOKENS = "0.5.23"
+# First release whose Scheduler._should_defer_prefill is handed the running batch, through which
+# decode_wait.py bounds how long decoding requests wait behind prefill chunks.
+DECODE_WAIT = "0.5.23"
 # First releases with these attention backends, whose declarations the patch table adds.
 MINIMAX_HYBRID_BACKEND = "0.5.16"
 DOTS_HYBRID_BACKENDS = "0.5.19"

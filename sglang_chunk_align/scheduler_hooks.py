@@ -11,10 +11,19 @@ signature; patch_table.py says where each one goes.
 import logging
 import sys
 
-from . import prefill_hooks, releases
+from . import decode_wait, prefill_hooks, releases
 from .alignment import chunk_size_error
 from .backends import runs_fa2_grid
-from .compat import RADIX_CACHE_ENV, RULES_ENV, check_switches, env_flag, installed_version, switch_refusals
+from .compat import (
+    DECODE_WAIT_ENV,
+    RADIX_CACHE_ENV,
+    RULES_ENV,
+    check_switches,
+    env_flag,
+    installed_version,
+    sglang_at_least,
+    switch_refusals,
+)
 from .planning import Rules
 
 logger = logging.getLogger("sglang_chunk_align")
@@ -70,9 +79,9 @@ class Startup:
     A plain class, as prefill_hooks.Step: a dataclass's generated methods cost import time.
     """
 
-    __slots__ = ("backend", "q_tile", "armed", "rules", "rules_available")
+    __slots__ = ("backend", "q_tile", "armed", "rules", "rules_available", "decode_wait", "decode_wait_note")
 
-    def __init__(self, backend, q_tile, armed, rules, rules_available):
+    def __init__(self, backend, q_tile, armed, rules, rules_available, decode_wait=None, decode_wait_note=None):
         self.backend = backend  # the live attention backend, or None on a bare Scheduler
         self.q_tile = q_tile  # what it declares as prefill_chunk_align
         # It declares that alignment for fa2's q-tile grid (deterministic flashinfer,
@@ -81,6 +90,8 @@ class Startup:
         self.armed = armed
         self.rules = rules  # the grid rules to activate, or None
         self.rules_available = rules_available  # whether this release has the points the rules need
+        self.decode_wait = decode_wait  # the decode_wait.DecodeWait to activate, or None
+        self.decode_wait_note = decode_wait_note  # what the startup line says of it (None: unarmed)
 
 
 def _arm(scheduler, rules_available):
@@ -93,6 +104,7 @@ def _arm(scheduler, rules_available):
         if startup.rules is not None:
             _keep_batches_on_solo_tiles(scheduler)
     prefill_hooks.activate(startup.rules)
+    decode_wait.activate(startup.decode_wait)
     return startup
 
 
@@ -103,17 +115,34 @@ def _decide(scheduler, rules_available):
     rules = None
     if armed and scheduler.truncation_align_size is not None and rules_available and env_flag(RULES_ENV, True):
         rules = _rules_for(scheduler, backend)
-    return Startup(backend, q_tile, armed, rules, rules_available)
+    return Startup(backend, q_tile, armed, rules, rules_available, *(_decode_wait(scheduler) if armed else ()))
+
+
+def _decode_wait(scheduler):
+    """Whether decoding requests wait at most decode_wait.DECODE_WAIT_S behind prefill chunks here,
+    and the startup line's words for it."""
+    interval = getattr(scheduler, "prefill_decode_interval", 0)
+    if not env_flag(DECODE_WAIT_ENV, True):
+        return None, f"decode waits behind every queued chunk ({DECODE_WAIT_ENV}=0, stock's order)"
+    if interval:
+        return None, f"decode waits as --prefill-decode-interval {interval} says (SGLang's own interval)"
+    if not sglang_at_least(releases.DECODE_WAIT):
+        return None, f"decode waits behind every queued chunk (the bound needs SGLang {releases.DECODE_WAIT} or newer)"
+    if getattr(scheduler, "require_mlp_sync", False):
+        return None, "decode waits behind every queued chunk (DP attention: ranks must agree on each step)"
+    limit_ms = round(decode_wait.DECODE_WAIT_S * 1000)
+    return decode_wait.DecodeWait(decode_wait.DECODE_WAIT_S), f"decode waits at most {limit_ms} ms behind prefill chunks"
 
 
 def _log(startup, align):
     if startup.backend is None:
         return
     logger.info(
-        "sglang-chunk-align: prefill chunks aligned to %s (%s.prefill_chunk_align = %s); grid rules %s",
+        "sglang-chunk-align: prefill chunks aligned to %s (%s.prefill_chunk_align = %s); grid rules %s%s",
         f"{align} tokens" if align else "nothing", type(startup.backend).__name__, startup.q_tile,
         _describe_rules(startup.rules, startup.backend) if startup.rules else "off" if startup.rules_available
         else "not available on this SGLang release",
+        f"; {startup.decode_wait_note}" if startup.decode_wait_note else "",
     )
 
 
