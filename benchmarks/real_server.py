@@ -162,15 +162,17 @@ class Run:
 class Server:
     """One SGLang server process group, its log, and whether it came up."""
 
-    def __init__(self, run, name, chunk, page, env=(), extra=()):
+    def __init__(self, run, name, chunk, page, env=(), extra=(), backend="flashinfer", deterministic=True,
+                 decode_graph_bs=8, max_total_tokens=None):
         self.run, self.name, self.port = run, name, run.port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = launcher() + [
             "--model-path", run.args.model_path, "--host", "127.0.0.1", "--port", str(self.port),
-            "--attention-backend", "flashinfer", "--enable-deterministic-inference",
+            "--attention-backend", backend, *(["--enable-deterministic-inference"] if deterministic else []),
             "--chunked-prefill-size", str(chunk), "--page-size", str(page),
             "--mem-fraction-static", str(run.args.mem_fraction_static),
-            "--max-total-tokens", str(run.args.max_total_tokens), decode_graph_flag(), "8",
+            "--max-total-tokens", str(max_total_tokens or run.args.max_total_tokens),
+            decode_graph_flag(), str(decode_graph_bs),
             *(["--load-format", "dummy", "--skip-tokenizer-init"] if run.args.dummy else []),
             *extra, *[a for a in run.args.extra if a != "--"],
         ]

@@ -1,0 +1,443 @@
+"""Serving side by side: the plugin against what a deterministic user would run instead.
+
+What an operator asks before turning the plugin on: on my workloads, how fast is
+it next to stock deterministic flashinfer (chunks of 4096, radix cache forced
+off), next to deterministic triton (the radix-cache alternative stock SGLang
+offers on every GPU), and how far from non-deterministic serving? Every setup
+runs alone on the GPU, one after another in one run, on the same workloads:
+
+- rl: RL rollout groups, --groups prompts x --samples samples each (16 x 8),
+  prompts of 1,000-3,000 tokens, 128-512 new tokens per group, all sent at once;
+- agent: multi-turn agents, each turn appending the previous answer and a tool
+  output (800-1,500 tokens) to the history, --turns turns (8), past 8k tokens;
+- interactive: 32 requests decoding 1,024 tokens while prompts of 8k-32k tokens
+  keep arriving, one a second (the case small chunks are for);
+- streamed: the earlier cost workload (8 requests decoding while 6 prompts of
+  6,144 tokens arrive every 0.4 s).
+
+Each setup is then checked by `sglang-chunk-align verify` against its own
+backend's unchunked reference (stock, radix off, each prompt alone and cold),
+so that a fast but inexact setup cannot look good: only the non-deterministic
+ceiling is not checked. Then single prompts of growing length show where each
+setup stops serving long prompts (the fa2 workspace: a 32k-token unchunked
+prefill needs more than SGLang's 2 GiB). Those run last on a server because
+a failure there takes the server down.
+
+While one setup is verified and probed the next one starts: a server's start
+never overlaps another's timed workloads.
+
+    python benchmarks/serving.py --model-path benchmarks/models/granite-3.1-8b --dummy --out serving.json
+
+The JSON holds each setup's command, plugin startup line, metrics, verify report
+and long-prompt results, the ratios to stock deterministic flashinfer and to
+deterministic triton computed from this run, and the stack; it is rewritten
+after each setup, so a run cut short keeps what it did.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+import urllib.error
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import real_server  # noqa: E402  (run as a script from the repository root)
+from benchmarks.real_server import STOCK, Server  # noqa: E402
+
+PLUGIN = {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_RADIX_CACHE": "1"}
+
+
+class Setup:
+    """One server configuration: how it starts, and which reference checks it (None: unchecked)."""
+
+    def __init__(self, label, chunk, env, backend="flashinfer", deterministic=True, reference="flashinfer",
+                 radix=True, extra=(), long_prompts=False, max_total_tokens=None):
+        self.label, self.chunk, self.env, self.backend = label, chunk, env, backend
+        self.deterministic, self.reference, self.radix = deterministic, reference, radix
+        self.extra, self.long_prompts = list(extra), long_prompts
+        # A KV pool of its own (None: --max-total-tokens) needs the GPU alone: no other server starts beside it.
+        self.max_total_tokens = max_total_tokens
+
+
+# In order of importance: a run cut short by --deadline-s keeps the first ones. Stock deterministic
+# flashinfer cannot share a prompt between requests (no radix cache), so it gets a KV pool as large as
+# the GPU alone gives it; the radix setups never fill --max-total-tokens on these workloads.
+SETUPS = {
+    "stock-4096": Setup("stock deterministic flashinfer, chunk 4096 (radix cache forced off)", 4096, STOCK,
+                        radix=False, long_prompts=True, max_total_tokens=600000),
+    "plugin-256": Setup("plugin, chunk 256, radix cache", 256, PLUGIN, long_prompts=True),
+    "triton-256": Setup("stock deterministic triton, chunk 256, radix cache", 256, STOCK, backend="triton",
+                        reference="triton"),
+    "nondet-256": Setup("non-deterministic flashinfer, chunk 256, radix cache (the ceiling)", 256, STOCK,
+                        deterministic=False, reference=None),
+    "plugin-1024": Setup("plugin, chunk 1024, radix cache", 1024, PLUGIN, long_prompts=True),
+    "plugin-256-no-wait": Setup("plugin, chunk 256, radix cache, decode wait off (stock's prefill-first order)",
+                                256, {**PLUGIN, "SGLANG_CHUNK_ALIGN_DECODE_WAIT": "0"}),
+    "plugin-256-interval-1": Setup("plugin, chunk 256, radix cache, --prefill-decode-interval 1", 256, PLUGIN,
+                                   extra=["--prefill-decode-interval", "1"]),
+}
+BASELINES = ("stock-4096", "triton-256")  # the ratios' denominators
+# Lengths probed alone after the checks: around where a chunk's fa2 split partials outgrow the workspace.
+LONG_PROMPTS = {"reference": (16384, 20480, 24576, 32768), "setup": (32768, 65536, 126976, 131000)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--dummy", action="store_true", help="--load-format dummy --skip-tokenizer-init (config.json only)")
+    parser.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, of {', '.join(SETUPS)}")
+    parser.add_argument("--workloads", default="rl,agent,interactive,streamed")
+    parser.add_argument("--groups", type=int, default=16, help="rl: prompts")
+    parser.add_argument("--samples", type=int, default=8, help="rl: samples per prompt")
+    parser.add_argument("--conversations", type=int, default=8, help="agent: conversations at once")
+    parser.add_argument("--turns", type=int, default=8, help="agent: turns per conversation")
+    parser.add_argument("--prompts", type=int, default=12, help="verify --prompts (requests per workload)")
+    parser.add_argument("--mem-fraction-static", type=float, default=0.9,
+                        help="SGLang 0.5.23 counts other servers' memory against it: the pools are set by tokens")
+    parser.add_argument("--max-total-tokens", type=int, default=250000,
+                        help="each timed server's KV pool, unless its setup has its own")
+    parser.add_argument("--graph-bs", type=int, default=160, help="largest decode batch with a CUDA graph")
+    parser.add_argument("--port", type=int, default=32000)
+    parser.add_argument("--deadline-s", type=float, default=3600, help="start no new setup after this many seconds")
+    parser.add_argument("--logs", default=None)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more server arguments")
+    args = parser.parse_args(argv)
+    run = ServingRun(args)
+    try:
+        run.record_references({SETUPS[name].reference for name in args.setups.split(",")} - {None})
+        run.time_setups([name for name in args.setups.split(",")])
+    finally:
+        run.stop()
+        run.ratios()
+        run.save()
+    print(json.dumps(run.summary(), indent=1))
+    return 0 if all(s.get("verify_ok") in (True, None) for s in run.results["setups"]) else 1
+
+
+class ServingRun(real_server.Run):
+    """real_server.Run's servers, logs and JSON, with this benchmark's results."""
+
+    def __init__(self, args):
+        args.extra = args.extra or []
+        super().__init__(args)
+        self.results = {"stack": real_server.stack(), "model": self.config, "references": [], "setups": []}
+        self.baselines = {}  # reference backend -> (its Server, its baseline cache file)
+
+    def record_references(self, backends):
+        """Each backend's stock, unchunked reference (radix off), its cold answers recorded by verifying it
+        against itself; then the prompt lengths it serves, last, since a failure ends it."""
+
+        def start(backend):
+            server = Server(self, f"reference-{backend}", -1, 1, STOCK, extra=["--disable-radix-cache"],
+                            backend=backend, max_total_tokens=40000)
+            if not server.wait_ready():
+                self.record({"reference": backend, "error": server.log()[-3000:]}, "references")
+                return
+            cache = os.path.join(self.logs, f"baseline-{backend}.json")
+            entry = real_server.verify(self, server, server, cache, radix=False)
+            entry["long_prompts"] = long_prompts(server, LONG_PROMPTS["reference"], self) if backend == "flashinfer" else []
+            self.record({"reference": backend, **entry}, "references")
+            self.baselines[backend] = server, cache
+
+        with ThreadPoolExecutor(len(backends) or 1) as pool:
+            list(pool.map(start, sorted(backends)))
+        for server, _ in self.baselines.values():
+            server.stop()
+
+    def time_setups(self, names):
+        """Each setup timed alone; its checks overlap the next setup's start (unless either needs the
+        GPU alone), never the next one's timing."""
+        server, checking = None, None
+        for index, name in enumerate(names):
+            if server is None:
+                if checking is not None:
+                    checking.join()
+                server = self._start(name)
+            elif checking is not None:
+                checking.join()
+            if self.time_left() < 60:
+                self.record({"setup": name, "error": "deadline: not run"}, "setups")
+                server.stop()
+                return
+            entry = self._time(name, server)
+            checking = threading.Thread(target=self._check, args=(name, server, entry))
+            checking.start()
+            following = names[index + 1] if index + 1 < len(names) else None
+            beside = following and not (SETUPS[name].max_total_tokens or SETUPS[following].max_total_tokens)
+            server = self._start(following) if beside else None
+        if checking is not None:
+            checking.join()
+
+    def _start(self, name):
+        setup = SETUPS[name]
+        return Server(self, name, setup.chunk, 1, setup.env, extra=setup.extra, backend=setup.backend,
+                      deterministic=setup.deterministic, decode_graph_bs=self.args.graph_bs,
+                      max_total_tokens=setup.max_total_tokens)
+
+    def _time(self, name, server):
+        setup = SETUPS[name]
+        entry = {"setup": name, "label": setup.label, **server.describe()}
+        if not server.wait_ready():
+            entry["error"] = server.log()[-3000:]
+            return entry
+        entry["plugin_lines"] = server.plugin_lines()
+        warm_up(server, self)
+        entry["workloads"] = {w: WORKLOADS[w](server, self, seed=0) for w in self.args.workloads.split(",")}
+        return entry
+
+    def _check(self, name, server, entry):
+        setup = SETUPS[name]
+        try:
+            if "error" not in entry and setup.reference is not None:
+                _, cache = self.baselines[setup.reference]
+                dead_reference = type("Dead", (), {"url": "http://127.0.0.1:1"})()  # recorded answers only
+                check = real_server.verify(self, server, dead_reference, cache, radix=setup.radix)
+                entry["verify_ok"], entry["verify"] = check["ok"], check["verify"]
+                entry["verify_command"] = check["verify_command"]
+            if "error" not in entry and setup.long_prompts:
+                entry["long_prompts"] = long_prompts(server, LONG_PROMPTS["setup"], self)
+        finally:
+            server.stop()
+            self.record(entry, "setups")
+
+    def stop(self):
+        for server, _ in self.baselines.values():
+            server.stop()
+
+    def ratios(self):
+        """Each setup's throughput and latencies over each baseline's, from this run."""
+        by_name = {s["setup"]: s for s in self.results["setups"] if "workloads" in s}
+        for entry in by_name.values():
+            entry["ratios"] = {}
+            for base_name in BASELINES:
+                base = by_name.get(base_name)
+                if base is None:
+                    continue
+                entry["ratios"][f"to {base_name}"] = {
+                    w: {k: round(m[k] / base["workloads"][w][k], 3) for k in RATIO_KEYS if base["workloads"][w].get(k)}
+                    for w, m in entry["workloads"].items() if w in base["workloads"]
+                }
+
+    def summary(self):
+        rows = []
+        for s in self.results["setups"]:
+            row = {"setup": s["setup"], "verify_ok": s.get("verify_ok"), "error": s.get("error", "")[-300:]}
+            for w, m in s.get("workloads", {}).items():
+                row[w] = {k: m[k] for k in ("wall_s", "output_tok_s", "ttft_p50_s", "itl_p99_s", "itl_max_s")}
+            row["long_prompts"] = {p["tokens"]: p["outcome"] for p in s.get("long_prompts", [])}
+            rows.append(row)
+        refs = [{"reference": r["reference"], "ok": r.get("ok"),
+                 "long_prompts": {p["tokens"]: p["outcome"] for p in r.get("long_prompts", [])}}
+                for r in self.results["references"]]
+        return {"stack": self.results["stack"], "references": refs, "setups": rows}
+
+
+RATIO_KEYS = ("wall_s", "output_tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p99_s", "itl_max_s")
+
+
+# ---------------------------------------------------------------------------
+# Workloads: each sends its requests on a schedule and measures what clients see.
+# ---------------------------------------------------------------------------
+
+
+def random_ids(rng, vocab, count):
+    return [rng.randrange(vocab) for _ in range(count)]
+
+
+def run_requests(server, plan):
+    """plan: (start offset s, input_ids, max_new_tokens) per request, all streamed at once.
+    Returns the wall time and each request's stream result."""
+    results = [None] * len(plan)
+    start = time.monotonic()
+
+    def send(i):
+        at, ids, tokens = plan[i]
+        time.sleep(max(0.0, start + at - time.monotonic()))
+        results[i] = stream(server.url, ids, tokens)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(plan))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - start, results
+
+
+def metrics(wall, results, gap_requests=None):
+    """Wall time, output tokens/s, time to first token and inter-token gaps (of `gap_requests`, by
+    index, or all), cached prompt tokens."""
+    gap_requests = range(len(results)) if gap_requests is None else gap_requests
+    ttft = sorted(r["ttft"] for r in results)
+    gaps = sorted(g for i in gap_requests for g in results[i]["gaps"])
+    out = sum(len(r["output_ids"]) for r in results)
+    return {
+        "requests": len(results), "wall_s": round(wall, 3), "output_tokens": out,
+        "output_tok_s": round(out / wall, 1),
+        "ttft_p50_s": round(statistics.median(ttft), 4), "ttft_p99_s": round(_percentile(ttft, 99), 4),
+        "itl_p50_s": round(_percentile(gaps, 50), 4), "itl_p99_s": round(_percentile(gaps, 99), 4),
+        "itl_max_s": round(gaps[-1], 4),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in results),
+        "cached_tokens": sum(r["cached_tokens"] for r in results),
+    }
+
+
+def rl(server, run, seed):
+    """--groups prompts x --samples samples, all at once, as a rollout step sends them."""
+    rng, vocab = random.Random(f"rl:{seed}"), run.config["vocab_size"]
+    plan = []
+    for _ in range(run.args.groups):
+        prompt, tokens = random_ids(rng, vocab, rng.randint(1000, 3000)), rng.randint(128, 512)
+        plan += [(0.0, prompt, tokens)] * run.args.samples
+    return {**metrics(*run_requests(server, plan)),
+            "workload": f"{run.args.groups} prompts of 1000-3000 tokens x {run.args.samples} samples, "
+                        "128-512 new tokens per prompt, all sent at once"}
+
+
+def agent(server, run, seed):
+    """Conversations side by side, turns in order: each turn's prompt is the last prompt, its answer
+    and a tool output."""
+    rng, vocab = random.Random(f"agent:{seed}"), run.config["vocab_size"]
+    system = random_ids(rng, vocab, 1500)
+    starts = [system + random_ids(rng, vocab, rng.randint(300, 700)) for _ in range(run.args.conversations)]
+    tools = [[random_ids(rng, vocab, rng.randint(800, 1500)) for _ in range(run.args.turns)] for _ in starts]
+    results = [[] for _ in starts]
+
+    def converse(c):
+        prompt = starts[c]
+        for turn in range(run.args.turns):
+            result = stream(server.url, prompt, 128)
+            results[c].append(result)
+            prompt = prompt + result["output_ids"] + tools[c][turn]
+
+    begin = time.monotonic()
+    with ThreadPoolExecutor(len(starts)) as pool:
+        list(pool.map(converse, range(len(starts))))
+    flat = [r for turns in results for r in turns]
+    return {**metrics(time.monotonic() - begin, flat),
+            "longest_prompt_tokens": max(r["prompt_tokens"] for r in flat),
+            "workload": f"{run.args.conversations} conversations x {run.args.turns} turns after a shared "
+                        "1500-token system prompt; each turn appends the answer (128 tokens) and a tool "
+                        "output of 800-1500 tokens"}
+
+
+INTERACTIVE_DECODERS, INTERACTIVE_TOKENS = 32, 1024
+INTERACTIVE_LONG = (8192, 16384, 32768, 12288, 24576, 8192, 32768, 16384, 24576, 12288)
+
+
+def interactive(server, run, seed):
+    """Requests decoding while long prompts keep arriving: the gaps the decoding requests see."""
+    rng, vocab = random.Random(f"interactive:{seed}"), run.config["vocab_size"]
+    plan = [(0.02 * i, random_ids(rng, vocab, 1024), INTERACTIVE_TOKENS) for i in range(INTERACTIVE_DECODERS)]
+    plan += [(1.0 + i, random_ids(rng, vocab, n), 16) for i, n in enumerate(INTERACTIVE_LONG)]
+    wall, results = run_requests(server, plan)
+    long_ttft = sorted(r["ttft"] for r in results[INTERACTIVE_DECODERS:])
+    return {**metrics(wall, results, range(INTERACTIVE_DECODERS)),
+            "long_ttft_p50_s": round(statistics.median(long_ttft), 4), "long_ttft_max_s": round(long_ttft[-1], 4),
+            "workload": f"{INTERACTIVE_DECODERS} requests of 1024 tokens decoding {INTERACTIVE_TOKENS} from t=0; "
+                        f"prompts of {', '.join(map(str, INTERACTIVE_LONG))} tokens (16 new) arriving one a second "
+                        "from t=1 s; gaps are the decoding requests'"}
+
+
+def streamed(server, run, seed):
+    """The earlier cost workload (real_server.py's, before this benchmark)."""
+    rng, vocab = random.Random(f"streamed:{seed}"), run.config["vocab_size"]
+    plan = [(0.0, random_ids(rng, vocab, 256), 192) for _ in range(8)]
+    plan += [(0.5 + 0.4 * i, random_ids(rng, vocab, 6144), 8) for i in range(6)]
+    wall, results = run_requests(server, plan)
+    return {**metrics(wall, results, range(8)),
+            "workload": "8 requests of 256 tokens decoding 192; 6 prompts of 6144 tokens arriving every 0.4 s from 0.5 s"}
+
+
+WORKLOADS = {"rl": rl, "agent": agent, "interactive": interactive, "streamed": streamed}
+
+
+def warm_up(server, run):
+    """Every shape once, unmeasured: a rollout group, a second agent turn, a long prompt."""
+    rng, vocab = random.Random("warm-up"), run.config["vocab_size"]
+    prompt = random_ids(rng, vocab, 2000)
+    run_requests(server, [(0.0, prompt, 32)] * 4 + [(0.0, random_ids(rng, vocab, 16384), 8)])
+    first = stream(server.url, prompt, 16)
+    stream(server.url, prompt + first["output_ids"] + random_ids(rng, vocab, 1000), 16)
+
+
+def long_prompts(server, lengths, run):
+    """One prompt at a time, growing: served, refused with an error (HTTP status and message), or the
+    server gone. Stops at the first failure."""
+    rng, vocab = random.Random("long"), run.config["vocab_size"]
+    outcomes = []
+    for tokens in lengths:
+        began = time.monotonic()
+        try:
+            result = stream(server.url, random_ids(rng, vocab, tokens), 4, timeout=300)
+            outcome = "served"
+            detail = f"ttft {result['ttft']:.2f} s"
+        except RequestFailed as error:
+            outcome, detail = "refused", str(error)[:500]
+        except (OSError, http.client.HTTPException) as error:
+            outcome, detail = "server gone", f"{type(error).__name__}: {error}"[:500]
+        alive = server.process.poll() is None and _healthy(server)
+        outcomes.append({"tokens": tokens, "outcome": outcome if alive or outcome != "served" else "served, then gone",
+                         "detail": detail, "server_alive_after": alive, "seconds": round(time.monotonic() - began, 2)})
+        if outcome != "served" or not alive:
+            tail = [line for line in server.log().splitlines() if "Error" in line or "error" in line][-5:]
+            outcomes[-1]["log_errors"] = tail
+            break
+    return outcomes
+
+
+def _healthy(server):
+    try:
+        import urllib.request
+
+        with urllib.request.urlopen(server.url + "/health", timeout=10) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+class RequestFailed(Exception):
+    """The server answered the request with an error."""
+
+
+def stream(url, input_ids, max_new_tokens, timeout=900):
+    """One streamed /generate (greedy, ignore_eos): time to first token, gaps between later tokens,
+    the output ids, and the prompt's cached tokens."""
+    body = {"input_ids": input_ids, "stream": True,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
+    host, port = url.split("//")[1].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    sent = time.monotonic()
+    connection.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    if response.status != 200:
+        raise RequestFailed(f"HTTP {response.status}: {response.read()[:400]!r}")
+    times, seen, last = [], 0, None
+    for line in response:
+        if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+            continue
+        last = json.loads(line[5:])
+        if "error" in last:
+            raise RequestFailed(str(last["error"])[:400])
+        tokens = last["meta_info"]["completion_tokens"]
+        now = time.monotonic()
+        times += [now] * (tokens - seen)
+        seen = tokens
+    connection.close()
+    if last is None or seen != max_new_tokens or len(last.get("output_ids", ())) != seen:
+        raise RequestFailed(f"stream ended after {seen} of {max_new_tokens} tokens: {str(last)[:300]}")
+    return {"ttft": times[0] - sent, "gaps": [b - a for a, b in zip(times, times[1:]) if b > a],
+            "output_ids": last["output_ids"], "prompt_tokens": last["meta_info"]["prompt_tokens"],
+            "cached_tokens": last["meta_info"].get("cached_tokens", 0)}
+
+
+_percentile = real_server._percentile
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""benchmarks/serving.py on CPU: its workloads and long-prompt probe against a stand-in for
+SGLang's streamed /generate (the servers themselves need a GPU), and the recorded H200 run."""
+
+import json
+import pathlib
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks import serving
+
+RECORDED = pathlib.Path(serving.__file__).parent / "logs" / "serving_h200" / "serving.json"
+
+
+class Streaming(BaseHTTPRequestHandler):
+    """SGLang's streamed /generate with --skip-tokenizer-init, as far as the benchmark reads it:
+    cumulative output_ids and meta_info per token; prompts longer than `limit` get a 400."""
+
+    limit = 10**9
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt, tokens = body["input_ids"], body["sampling_params"]["max_new_tokens"]
+        if len(prompt) > self.limit:
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(b'{"error": {"message": "too long"}}')
+            return
+        self.send_response(200)
+        self.end_headers()
+        for n in range(1, tokens + 1):
+            meta = {"completion_tokens": n, "prompt_tokens": len(prompt), "cached_tokens": len(prompt) // 2}
+            self.wfile.write(b"data: " + json.dumps({"output_ids": list(range(n)), "meta_info": meta}).encode() + b"\n\n")
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def stand_in():
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Streaming)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    server = SimpleNamespace(url=f"http://127.0.0.1:{http.server_port}", process=SimpleNamespace(poll=lambda: None),
+                             log=lambda: "")
+    yield server
+    http.shutdown()
+
+
+def small_run():
+    args = SimpleNamespace(groups=3, samples=2, conversations=2, turns=3)
+    return SimpleNamespace(args=args, config={"vocab_size": 1000})
+
+
+def test_rl_sends_every_sample_and_counts_what_came_back(stand_in):
+    result = serving.rl(stand_in, small_run(), seed=0)
+    assert result["requests"] == 6
+    assert 6 * 128 <= result["output_tokens"] <= 6 * 512
+    assert result["output_tok_s"] == pytest.approx(result["output_tokens"] / result["wall_s"], rel=0.01)
+    assert result["prompt_tokens"] // 2 - 6 <= result["cached_tokens"] <= result["prompt_tokens"] // 2
+    assert result["itl_p50_s"] <= result["itl_p99_s"] <= result["itl_max_s"]
+
+
+def test_agent_turns_append_the_answer_and_a_tool_output(stand_in):
+    result = serving.agent(stand_in, small_run(), seed=0)
+    assert result["requests"] == 2 * 3
+    # The third turn holds the first prompt, two answers of 128 and two tool outputs of 800 or more.
+    assert result["longest_prompt_tokens"] >= 1500 + 300 + 2 * (128 + 800)
+
+
+def test_the_same_seed_sends_the_same_workload(stand_in):
+    """Setups are compared on identical requests."""
+    assert serving.rl(stand_in, small_run(), 0)["prompt_tokens"] == serving.rl(stand_in, small_run(), 0)["prompt_tokens"]
+    assert serving.rl(stand_in, small_run(), 0)["prompt_tokens"] != serving.rl(stand_in, small_run(), 1)["prompt_tokens"]
+
+
+def test_long_prompts_stop_at_the_first_refusal(stand_in):
+    Streaming.limit = 3000
+    try:
+        outcomes = serving.long_prompts(stand_in, (1000, 2000, 4000, 8000), small_run())
+    finally:
+        Streaming.limit = 10**9
+    assert [o["outcome"] for o in outcomes] == ["served", "served", "refused"]
+    assert "HTTP 400" in outcomes[-1]["detail"] and outcomes[-1]["server_alive_after"]
+
+
+def test_a_stream_cut_short_is_an_error_not_a_measurement(stand_in):
+    with pytest.raises(serving.RequestFailed, match="stream ended after"):
+        original = Streaming.do_POST
+
+        def short(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.end_headers()
+            meta = {"completion_tokens": 1, "prompt_tokens": len(body["input_ids"])}
+            self.wfile.write(b"data: " + json.dumps({"output_ids": [0], "meta_info": meta}).encode() + b"\n\n")
+
+        Streaming.do_POST = short
+        try:
+            serving.stream(stand_in.url, [1, 2, 3], 4)
+        finally:
+            Streaming.do_POST = original
