@@ -1,5 +1,5 @@
-"""The plugin inside real SGLang servers on a GPU: bit-exactness per configuration, the startup
-refusals, and what serving costs.
+"""The plugin inside real SGLang servers on a GPU: bit-exactness per configuration and the startup
+refusals.
 
 Every other figure in this repository comes from SGLang's scheduler driven on
 CPU and batches replayed through fa2 by our own code. This script starts real
@@ -27,11 +27,9 @@ Phases (--phases, all by default):
 - refusals: the plugin refusing chunks 100 and 200 at startup, and stock
   SGLang (no plugin) refusing 256;
 - rules-off: in the matrix, SGLANG_CHUNK_ALIGN_RULES=0 (upstream's length
-  alignment alone) at chunk 256, checked the same way and reported as it is;
-- cost: the same streamed serving workload (decoding requests while long
-  prompts arrive) on the plugin at 256, the rules off at 256 and stock at
-  4096, one server at a time: total time, time to first token p50/p99 and
-  inter-token latency p99 (the decode stall a long prefill chunk causes).
+  alignment alone) at chunk 256, checked the same way and reported as it is.
+
+What serving costs, side by side with the alternatives, is benchmarks/serving.py's.
 
 The JSON (--out) holds every server's command, its plugin startup line, the
 verify report, and the versions of the stack; it is rewritten after each
@@ -39,14 +37,11 @@ server, so a run cut short keeps what it did.
 """
 
 import argparse
-import http.client
 import json
 import os
 import platform
-import random
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,7 +67,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--dummy", action="store_true", help="--load-format dummy --skip-tokenizer-init (config.json only)")
-    parser.add_argument("--phases", default="matrix,refusals,rules-off,cost")
+    parser.add_argument("--phases", default="matrix,refusals,rules-off")
     parser.add_argument("--chunks", default="128,256,1024")
     parser.add_argument("--pages", default="1,16")
     parser.add_argument("--radix", default="off,on")
@@ -109,7 +104,7 @@ class Run:
         self.logs = args.logs or tempfile.mkdtemp(prefix="real_server_")
         os.makedirs(self.logs, exist_ok=True)
         self.config = _model_config(args.model_path)
-        self.results = {"stack": stack(), "model": self.config, "servers": [], "cost": []}
+        self.results = {"stack": stack(), "model": self.config, "servers": []}
         self.lock = threading.Lock()
         self.references = {}  # page size -> (reference Server, its baseline cache file)
 
@@ -153,7 +148,7 @@ class Run:
 
     def summary(self):
         rows = [_row(entry) for entry in self.results["servers"]]
-        return {"stack": self.results["stack"], "servers": rows, "cost": self.results["cost"]}
+        return {"stack": self.results["stack"], "servers": rows}
 
     def all_identical(self):
         return all(e.get("expect_identical") is False or e.get("ok", True) for e in self.results["servers"])
@@ -313,87 +308,6 @@ def phase_refusals(run):
                     "ok": not came_up and bool(said), "said": said[-1:] })
 
 
-# Streamed serving workload for the cost phase: requests that decode while long prompts arrive.
-DECODERS, DECODER_PROMPT, DECODER_TOKENS = 8, 256, 192
-LONG_PROMPTS, LONG_PROMPT, LONG_TOKENS, LONG_EVERY_S = 6, 6144, 8, 0.4
-
-
-def phase_cost(run):
-    setups = (
-        ("plugin, chunk 256", 256, {"SGLANG_PLUGINS": "chunk_align"}),
-        ("rules off (length alignment), chunk 256", 256, {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_RULES": "0"}),
-        ("stock, chunk 4096", 4096, STOCK),
-    )
-    for label, chunk, env in setups:
-        if run.time_left() < 60:
-            break
-        server = Server(run, "cost-" + re.sub(r"\W+", "-", label), chunk, 1, env, extra=["--disable-radix-cache"])
-        try:
-            if not server.wait_ready():
-                run.record({"setup": label, "error": server.log()[-3000:]}, "cost")
-                continue
-            serve_workload(run, server, seed=1)  # warm-up: the same shapes once, not measured
-            run.record({"setup": label, "chunk": chunk, **serve_workload(run, server, seed=0),
-                        "plugin_lines": server.plugin_lines()}, "cost")
-        finally:
-            server.stop()
-    base = next((c for c in run.results["cost"] if c.get("chunk") == 4096), None)
-    for entry in run.results["cost"]:
-        if base and "total_s" in entry:
-            entry["ratios_to_stock_4096"] = {k: round(entry[k] / base[k], 3) for k in ("total_s", "ttft_p50_s", "ttft_p99_s", "itl_p99_s")}
-    run.save()
-
-
-def serve_workload(run, server, seed):
-    """DECODERS requests decode from t=0; LONG_PROMPTS long prompts arrive every LONG_EVERY_S."""
-    vocab = run.config.get("vocab_size", 32000)
-    plan = [(0.0, DECODER_PROMPT, DECODER_TOKENS, "decode") for _ in range(DECODERS)]
-    plan += [(0.5 + i * LONG_EVERY_S, LONG_PROMPT, LONG_TOKENS, "long") for i in range(LONG_PROMPTS)]
-    results = [None] * len(plan)
-    start = time.monotonic()
-
-    def send(i, at, length, tokens):
-        time.sleep(max(0.0, start + at - time.monotonic()))
-        ids_rng = random.Random(f"{seed}:{i}")
-        ids = [ids_rng.randrange(vocab) for _ in range(length)]
-        results[i] = stream(server.url, ids, tokens, run.args.dummy)
-
-    threads = [threading.Thread(target=send, args=(i, at, length, tokens)) for i, (at, length, tokens, _) in enumerate(plan)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    total = time.monotonic() - start
-    ttft = sorted(r["ttft"] for r in results)
-    gaps = sorted(g for r, p in zip(results, plan) if p[3] == "decode" for g in r["gaps"])
-    return {"requests": len(plan), "total_s": round(total, 3),
-            "ttft_p50_s": round(statistics.median(ttft), 4), "ttft_p99_s": round(_percentile(ttft, 99), 4),
-            "itl_p99_s": round(_percentile(gaps, 99), 4), "itl_max_s": round(gaps[-1], 4),
-            "workload": f"{DECODERS} requests of {DECODER_PROMPT} tokens decoding {DECODER_TOKENS}; "
-                        f"{LONG_PROMPTS} prompts of {LONG_PROMPT} tokens arriving every {LONG_EVERY_S} s from 0.5 s"}
-
-
-def stream(url, input_ids, max_new_tokens, ids):
-    """One streamed /generate: time to the first token, and the gaps between later tokens."""
-    body = {"sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}, "stream": True}
-    body["input_ids" if ids else "text"] = input_ids if ids else " ".join(f"t{i}" for i in input_ids)
-    host, port = url.split("//")[1].split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=600)
-    sent = time.monotonic()
-    connection.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
-    response = connection.getresponse()
-    times, seen = [], 0
-    for line in response:
-        if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
-            continue
-        tokens = json.loads(line[5:])["meta_info"]["completion_tokens"]
-        now = time.monotonic()
-        times += [now] * (tokens - seen)
-        seen = tokens
-    connection.close()
-    return {"ttft": times[0] - sent, "gaps": [b - a for a, b in zip(times, times[1:]) if b > a]}
-
-
 def _percentile(values, q):
     return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
@@ -434,7 +348,7 @@ def stack():
     return {**versions, "python": platform.python_version(), "gpu": gpu}
 
 
-PHASES = {"matrix": phase_matrix, "refusals": phase_refusals, "rules-off": lambda run: None, "cost": phase_cost}  # rules-off runs in the matrix
+PHASES = {"matrix": phase_matrix, "refusals": phase_refusals, "rules-off": lambda run: None}  # rules-off runs in the matrix
 
 if __name__ == "__main__":
     sys.exit(main())

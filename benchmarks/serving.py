@@ -43,7 +43,7 @@ import statistics
 import sys
 import threading
 import time
-import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -106,12 +106,18 @@ def main(argv=None):
     parser.add_argument("--port", type=int, default=32000)
     parser.add_argument("--deadline-s", type=float, default=3600, help="start no new setup after this many seconds")
     parser.add_argument("--logs", default=None)
+    parser.add_argument("--baselines", metavar="DIR",
+                        help="reuse the references' recorded answers (baseline-BACKEND.json) from an earlier run's --logs")
     parser.add_argument("--out", required=True)
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more server arguments")
     args = parser.parse_args(argv)
     run = ServingRun(args)
     try:
-        run.record_references({SETUPS[name].reference for name in args.setups.split(",")} - {None})
+        backends = {SETUPS[name].reference for name in args.setups.split(",")} - {None}
+        if args.baselines:
+            run.baselines = {b: (None, os.path.join(args.baselines, f"baseline-{b}.json")) for b in backends}
+        else:
+            run.record_references(backends)
         run.time_setups([name for name in args.setups.split(",")])
     finally:
         run.stop()
@@ -209,7 +215,8 @@ class ServingRun(real_server.Run):
 
     def stop(self):
         for server, _ in self.baselines.values():
-            server.stop()
+            if server is not None:
+                server.stop()
 
     def ratios(self):
         """Each setup's throughput and latencies over each baseline's, from this run."""
@@ -394,11 +401,9 @@ def long_prompts(server, lengths, run):
 
 def _healthy(server):
     try:
-        import urllib.request
-
         with urllib.request.urlopen(server.url + "/health", timeout=10) as response:
             return response.status == 200
-    except (OSError, urllib.error.URLError):
+    except OSError:  # URLError included
         return False
 
 

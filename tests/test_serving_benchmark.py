@@ -1,6 +1,7 @@
 """benchmarks/serving.py on CPU: its workloads and long-prompt probe against a stand-in for
 SGLang's streamed /generate (the servers themselves need a GPU), and the recorded H200 run."""
 
+import ast
 import json
 import pathlib
 import threading
@@ -106,3 +107,45 @@ def test_a_stream_cut_short_is_an_error_not_a_measurement(stand_in):
             serving.stream(stand_in.url, [1, 2, 3], 4)
         finally:
             Streaming.do_POST = original
+
+
+PRINTED = pathlib.Path(serving.__file__).parent / "logs" / "serving_h200" / "printed_call2.txt"
+README = pathlib.Path(serving.__file__).parent / "README.md"
+ROWS = {"plugin, chunk 256, radix cache": "plugin-256",
+        "stock deterministic flashinfer, chunk 4096 (radix forced off)": "stock-4096",
+        "stock deterministic triton, chunk 256, radix cache": "triton-256",
+        "non-deterministic flashinfer, chunk 256, radix cache (the ceiling)": "nondet-256"}
+WORKLOADS = ("rl", "agent", "interactive", "streamed")
+
+
+def printed_setups():
+    """The recorded run's summary lines: setup -> (verify ok, {workload: (wall_s, output_tok_s,
+    itl_p99_s, itl_max_s)})."""
+    setups = {}
+    for line in PRINTED.read_text().splitlines():
+        if line.startswith("SETUP "):
+            _, name, verify, rest = line.split(" ", 3)
+            setups[name] = (ast.literal_eval(verify), ast.literal_eval(rest[rest.index("{"):rest.index("}") + 1]))
+    return setups
+
+
+def readme_row(label):
+    return next(line for line in README.read_text().splitlines() if line.startswith(f"| {label} |")).split(" | ")
+
+
+def test_the_readme_tables_are_the_recorded_runs_numbers():
+    """Every throughput, longest gap and ratio in benchmarks/README.md's serving tables, from the record."""
+    setups = printed_setups()
+    assert [verify for verify, _ in setups.values()][:3] == [True, True, True]
+    for label, name in ROWS.items():
+        cells = readme_row(label)
+        workloads = setups[name][1]
+        assert [c.strip("*") for c in cells[1:5]] == [f"{round(workloads[w][1]):,}" for w in WORKLOADS], label
+        gaps = cells[5].strip("*").removesuffix(" s").split(" / ")
+        shown = [round(workloads[w][3], len(g.partition(".")[2])) for g, w in zip(gaps, WORKLOADS)]
+        assert [float(g) for g in gaps] == shown, label
+    plugin = setups["plugin-256"][1]
+    for label, name in {"stock deterministic flashinfer, 4096": "stock-4096", "stock deterministic triton, 256":
+                        "triton-256", "non-deterministic flashinfer, 256": "nondet-256"}.items():
+        ratios = [cell.strip(" |") for cell in readme_row(label)[1:5]]
+        assert ratios == [f"{plugin[w][1] / setups[name][1][w][1]:.2f}x" for w in WORKLOADS], label
