@@ -48,6 +48,7 @@ import sys
 import time
 
 from sglang_chunk_align import fa2
+from sglang_chunk_align import workspace
 from sglang_chunk_align.kernel_facts import FI072
 
 SHAPES = {  # name: (num_qo_heads, num_kv_heads, head_dim)
@@ -71,30 +72,9 @@ def steps_of(prompt, chunk):
     return [(s, min(s + chunk, prompt)) for s in range(0, prompt, chunk)]
 
 
-def _ceil_div(a, b):
-    return -(-a // b)
-
-
-def _align16(n):
-    return _ceil_div(n, 16) * 16
-
-
 def partial_bytes(qo_len, kv_len, num_qo_heads, num_kv_heads, head_dim, split):
-    """Float-workspace bytes one fa2 paged-prefill plan reserves (tmp_v + tmp_s), 0 if the KV is not split.
-
-    Mirrors PrefillSplitQOKVIndptr and PrefillPlan in flashinfer 0.7.2's
-    include/flashinfer/attention/scheduler.cuh for one request, no CUDA graph,
-    a fixed split size; the CTA tile is FA2DetermineCtaTileQ's, from the kernel facts.
-    """
-    group = num_qo_heads // num_kv_heads
-    packed = qo_len * group
-    cta_tile_q = FI072.cta_tile(packed, head_dim)
-    num_chunks = _ceil_div(max(kv_len, 1), split)
-    if num_chunks <= 1:
-        return 0
-    batch = _ceil_div(packed, cta_tile_q) * num_chunks
-    rows = _ceil_div(batch * cta_tile_q, group)
-    return _align16(num_qo_heads * rows * head_dim * 4) + _align16(num_qo_heads * rows * 4)
+    """Float-workspace bytes one fa2 paged-prefill plan reserves, by flashinfer 0.7.2's tiles."""
+    return workspace.partial_bytes(qo_len, kv_len, num_qo_heads, num_kv_heads, head_dim, split, FI072.cta_tile)
 
 
 # ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from .alignment import combine_alignments
 from .compat import ChunkAlignError
 from .kernel_facts import installed_facts
+from .workspace import Planned
 
 # Stock SGLang before 0.5.22 aligned deterministic triton prefill to this (default 4096).
 TRITON_ALIGN_ENV = "SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE"
@@ -81,10 +82,30 @@ def runs_fa2_grid(backend):
     alignment on the releases that had one (triton_prefill_chunk_align), and
     there SGLang runs as stock: no startup check, no grid rules.
     """
+    return any(True for _ in fa2_backends(backend))
+
+
+def fa2_backends(backend):
+    """The deterministic FlashInferAttnBackends whose fa2 grid `backend` declares: itself, or
+    those its forwarded children (forward_to) run."""
     getter = getattr(getattr(type(backend), "prefill_chunk_align", None), "fget", None)
     if getter is flashinfer_prefill_chunk_align:
-        return backend.prefill_chunk_align is not None
-    return any(runs_fa2_grid(getattr(backend, child)) for child in getattr(getter, "children", ()))
+        if backend.prefill_chunk_align is not None:
+            yield backend
+        return
+    for child in getattr(getter, "children", ()):
+        yield from fa2_backends(getattr(backend, child))
+
+
+def planned_prefill(backend):
+    """How a deterministic FlashInferAttnBackend plans fa2 prefill (workspace.Planned), or None where
+    it does not say: the heads and head_dim it plans with, its fixed split and its workspace."""
+    planned = getattr(backend, "indices_updater_prefill", None)
+    sizes = [getattr(planned, name, None) for name in ("num_qo_heads", "num_kv_heads", "head_dim")]
+    split, buffer = getattr(backend, "prefill_split_tile_size", None), getattr(backend, "workspace_buffer", None)
+    if not all(isinstance(n, int) and n > 0 for n in (*sizes, split)) or buffer is None:
+        return None
+    return Planned(*sizes, split, buffer.numel() * buffer.element_size())
 
 
 def forward_to(*children):

@@ -13,7 +13,7 @@ import sys
 
 from . import decode_wait, prefill_hooks, releases
 from .alignment import chunk_size_error
-from .backends import runs_fa2_grid
+from .backends import fa2_backends, planned_prefill, runs_fa2_grid
 from .compat import (
     DECODE_WAIT_ENV,
     RADIX_CACHE_ENV,
@@ -24,6 +24,7 @@ from .compat import (
     sglang_at_least,
     switch_refusals,
 )
+from .kernel_facts import installed_facts
 from .planning import Rules
 
 logger = logging.getLogger("sglang_chunk_align")
@@ -164,9 +165,21 @@ def _check_chunk_size(scheduler, startup):
     rules = startup.rules
     problem = chunk_size_error(
         chunk, align, startup.q_tile, _attn_dp_size(scheduler), min_piece=rules.min_tail if rules is not None else None
-    )
+    ) or _workspace_refusal(scheduler, startup.backend)
     if problem:
         raise ValueError(problem)
+
+
+def _workspace_refusal(scheduler, backend):
+    """Whether the longest admitted prompt's worst chunk step fits the fa2 workspace (workspace.py)."""
+    max_prompt = getattr(scheduler, "max_req_input_len", None)
+    if not max_prompt:
+        return None
+    for planned in filter(None, map(planned_prefill, fa2_backends(backend))):
+        problem = planned.refusal(scheduler.chunked_prefill_size, max_prompt, installed_facts().cta_tile)
+        if problem:
+            return problem
+    return None
 
 
 def _rules_for(scheduler, backend):
