@@ -75,7 +75,8 @@ def test_doctor_reports_a_working_install():
     assert report["backends"]["FlashInferMLAAttnBackend"] is None
     assert report["backends"]["TboAttnBackend"] == 128
     assert report["switches"] == {
-        "SGLANG_CHUNK_ALIGN_RULES": 1, "SGLANG_CHUNK_ALIGN_RADIX_CACHE": 0, "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED": 0,
+        "SGLANG_CHUNK_ALIGN_RULES": 1, "SGLANG_CHUNK_ALIGN_RADIX_CACHE": 0, "SGLANG_CHUNK_ALIGN_DECODE_WAIT": 1,
+        "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED": 0,
     }
 
 

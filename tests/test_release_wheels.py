@@ -43,6 +43,7 @@ SIGNATURES = {
     "Engine._launch_subprocesses": "cls, server_args, ...",
     "Scheduler.init_deterministic_inference_config": "self",
     "Scheduler.check_truncation_align_fits_chunk": "self",
+    "Scheduler._should_defer_prefill": "self, running_batch",
     "PrefillAdder._select_prefill_admission": "self, req, ...",
     "PrefillAdder.floor_chunked_tokens": "self, trunc_len, remaining",
     "PrefillAdder.add_chunked_req": "self, req",
