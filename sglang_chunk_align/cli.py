@@ -19,9 +19,9 @@ import sys
 from importlib import metadata
 
 from . import patch_table, patches, probe, releases, standins, verify
-from .planning import Rules, plan, shape_coverage
+from .planning import Rules, plan
 from .alignment import chunk_size_error
-from .kernel_facts import MEASURED_SHAPES, facts_for, installed_facts, installed_flashinfer
+from .kernel_facts import facts_for, installed_facts, installed_flashinfer
 from .compat import (
     RADIX_OPT_IN_NEEDS,
     RULES_ENV,
@@ -133,14 +133,14 @@ def run_plan(planner, args):
         "upstream length alignment": plan(args.prompt_len, args.cached, args.chunk, rules, aligned=False),
         "sglang-chunk-align": plan(args.prompt_len, args.cached, args.chunk, rules),
     }
-    warnings = list(filter(None, [shape_coverage(args.group, args.head_dim)]))
+    warnings = list(filter(None, [facts.shape_warning(args.group, args.head_dim)]))
     if args.json:
         print(json.dumps(
             {**{name: [vars(c) for c in chunks] for name, chunks in schedules.items()}, "warnings": warnings},
             indent=2,
         ))
     else:
-        print(f"{facts.describe()}; measured at {MEASURED_SHAPES}")
+        print(f"{facts.describe()}; measured at {facts.describe_shapes()}")
         for warning in warnings:
             print(f"WARNING: {warning}")
         if args.chunk is None:
@@ -181,7 +181,7 @@ def run_doctor():
         report["problems"].append(str(error))
     facts = installed_facts()
     report["kernel_facts"] = {"flashinfer": facts.flashinfer, "measured": facts.measured,
-                              "summary": facts.describe(), "shapes": MEASURED_SHAPES}
+                              "summary": facts.describe(), "shapes": facts.describe_shapes()}
     if not facts.measured:
         report["warnings"].append(facts_for(installed_flashinfer())[1])
     with applied:

@@ -13,7 +13,7 @@ from packaging.version import Version
 from sglang_chunk_align import patch_table, patches, releases
 from sglang_chunk_align.alignment import chunk_size_error
 from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, sglang_at_least, switch_refusals
-from sglang_chunk_align.kernel_facts import MEASURED_SHAPES, installed_facts
+from sglang_chunk_align.kernel_facts import FACTS, facts_for, installed_facts
 from sglang_chunk_align.standins import scheduler_alignment
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -70,7 +70,7 @@ def test_doctor_reports_a_working_install():
     assert report["backends"]["FlashInferAttnBackend"] == 128
     facts = installed_facts()  # SGLang 0.5.23 pins flashinfer 0.7.2 (measured), 0.5.22 0.7.1 (not)
     assert report["kernel_facts"] == {"flashinfer": facts.flashinfer, "measured": facts.measured,
-                                      "summary": facts.describe(), "shapes": MEASURED_SHAPES}
+                                      "summary": facts.describe(), "shapes": facts.describe_shapes()}
     assert any("its fa2 kernel facts were not measured" in w for w in report["warnings"]) == (not facts.measured)
     assert report["backends"]["FlashInferMLAAttnBackend"] is None
     assert report["backends"]["TboAttnBackend"] == 128
@@ -94,7 +94,7 @@ def test_doctor_fails_on_an_invalid_environment(fresh_python):
     assert {"  SGLANG_CHUNK_ALIGN_RULES=1", "  SGLANG_CHUNK_ALIGN_RADIX_CACHE=0",
             "  SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='yes' (invalid)"} <= set(lines[:problem])
     assert (
-        f"  kernel facts         {installed_facts().describe()}; measured at {MEASURED_SHAPES}; "
+        f"  kernel facts         {installed_facts().describe()}; measured at {installed_facts().describe_shapes()}; "
         "plan --group --head-dim warns on others"
     ) in lines
     assert lines[-1] == "NOT OK: 1 PROBLEM line(s) above"
@@ -214,23 +214,41 @@ def test_plan_command_bounds_the_prompt_length():
 
 
 @pytest.mark.parametrize(
-    "shape, warned",
-    [((), False), (("--group", "3", "--head-dim", "64"), False), (("--group", "8", "--head-dim", "256"), False),
-     (("--group", "6"), "GQA group 6"), (("--group", "16"), "GQA group 16"),
-     (("--head-dim", "96"), "head_dim 96"), (("--group", "12", "--head-dim", "48"), "GQA group 12 and head_dim 48")],
+    "flashinfer, shape, warned",
+    [("0.7.2", (), None), ("0.7.2", ("--group", "8", "--head-dim", "512"), None), ("0.7.2", ("--group", "16"), None),
+     ("0.7.2", ("--group", "2", "--head-dim", "512"), "GQA group 2 at head_dim 512"),
+     ("0.7.2", ("--group", "16", "--head-dim", "256"), "GQA group 16 at head_dim 256"),
+     ("0.7.2", ("--group", "6"), "GQA group 6"), ("0.7.2", ("--head-dim", "96"), "head_dim 96"),
+     ("0.7.2", ("--group", "3", "--head-dim", "64"), "GQA group 3 and head_dim 64"),
+     ("0.7.4", ("--group", "2", "--head-dim", "256"), None),
+     ("0.7.4", ("--group", "4", "--head-dim", "512"), "head_dim 512"),  # measured on 0.7.2 only
+     ("0.7.4", ("--group", "2", "--head-dim", "128"), "GQA group 2 at head_dim 128"),
+     ("0.7.9", ("--group", "6", "--head-dim", "96"), None)],  # unmeasured: the release's own WARNING says it
 )
-def test_plan_command_says_which_shapes_the_kernel_facts_cover(shape, warned):
-    text = _cli("plan", "--prompt-len", "300", "--chunk", "128", *shape)
+def test_plan_command_says_which_shapes_the_kernel_facts_of_its_release_cover(flashinfer, shape, warned):
+    facts = facts_for(flashinfer)[0]
+    args = ("plan", "--prompt-len", "300", "--chunk", "128", "--flashinfer", flashinfer, *shape)
+    text = _cli(*args)
     assert text.returncode == 0, text.stderr
-    assert text.stdout.startswith(f"{installed_facts().describe()}; measured at {MEASURED_SHAPES}\n")
+    assert text.stdout.startswith(f"{facts.describe()}; measured at {facts.describe_shapes()}\n")
     assert ("WARNING: " in text.stdout) == bool(warned)
-    report = json.loads(_cli("plan", "--prompt-len", "300", "--chunk", "128", "--json", *shape).stdout)
+    report = json.loads(_cli(*args, "--json").stdout)
     if warned:
-        assert text.stdout.splitlines()[1] == f"WARNING: {warned}: not measured; the kernel facts cover {MEASURED_SHAPES}, " \
-            "so bit-exactness here is the rules' arithmetic, unchecked on a GPU"
+        assert text.stdout.splitlines()[1] == (
+            f"WARNING: {warned}: not measured on flashinfer {flashinfer}, whose kernel facts were measured at "
+            f"{facts.describe_shapes()}, so bit-exactness here is the rules' arithmetic, unchecked on a GPU"
+        )
         assert report["warnings"] == [text.stdout.splitlines()[1].removeprefix("WARNING: ")]
     else:
         assert report["warnings"] == []
+
+
+def test_the_readme_states_each_releases_measured_shapes_as_the_kernel_facts_hold_them():
+    """kernel_facts.py is the one source; the README repeats it, release by release."""
+    readme = " ".join((EXAMPLES.parent / "README.md").read_text().split())
+    for release, facts in FACTS.items():
+        assert f"flashinfer {release}: {facts.describe_shapes()}" in readme, release
+    assert "not measured yet" not in readme
 
 
 def test_plan_command_counts_one_chunk():

@@ -115,6 +115,32 @@ def test_every_measured_fact_cites_a_recorded_run_in_the_repository():
         assert all(not source.startswith(("/", "..")) for source in sources)
 
 
+def _shapes_in_recorded_runs(facts):
+    """(GQA group, head_dim) of every result row in the JSON runs `facts` cite: probe rows name
+    group and head_dim (or d); the rule runs a cfg of q heads / KV heads / head_dim."""
+    root = pathlib.Path(__file__).parent.parent
+    shapes = set()
+    for _, _, source in facts.evidence:
+        if not source.endswith(".json"):
+            continue
+        doc = json.loads((root / source).read_text())
+        for row in doc.get("results") or doc.get("rows"):
+            if "cfg" in row:
+                q_heads, kv_heads, head_dim = map(int, row["cfg"].split("/"))
+                shapes.add((q_heads // kv_heads, head_dim))
+            elif "group" in row:
+                shapes.add((row["group"], row.get("head_dim", row.get("d"))))
+    return shapes
+
+
+@pytest.mark.parametrize("facts", [FI072, FI074], ids=lambda f: f.flashinfer)
+def test_the_measured_shapes_are_those_of_the_recorded_runs(facts):
+    """What plan and doctor call measured, per release, is what its cited runs measured: no more
+    (0.7.4 never ran head_dim 512), no less."""
+    claimed = {(group, head_dim) for head_dim, groups in facts.measured_shapes for group in groups}
+    assert claimed == _shapes_in_recorded_runs(facts)
+
+
 @pytest.mark.parametrize("run, holds", [
     ("probe_h200_fi072_d128", True), ("probe_h200_fi072_d256", True), ("probe_h200_fi074_d128", True),
     ("probe_h200_fi074_d256", True), ("probe_h200_fi072_d512", False),
