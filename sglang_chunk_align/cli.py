@@ -18,7 +18,10 @@ import pkgutil
 import sys
 from importlib import metadata
 
+from packaging.version import InvalidVersion, Version
+
 from . import patch_table, patches, probe, releases, standins, verify
+from .arguments import at_least
 from .planning import Rules, plan
 from .alignment import chunk_size_error
 from .kernel_facts import facts_for, installed_facts, installed_flashinfer
@@ -60,18 +63,39 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser("doctor", help="check the installed SGLang and the patch points")
     doctor.add_argument("--json", action="store_true", help="print a JSON report")
-    planner = commands.add_parser("plan", help="show one request's chunks, upstream and with the plugin")
-    planner.add_argument(
-        "--prompt-len", type=_at_least(1, MAX_PLAN_PROMPT_LEN), required=True, help="prompt length in tokens"
+    planner = commands.add_parser(
+        "plan",
+        help="show one request's chunks, upstream and with the plugin",
+        description="Chunk one request as SGLang's length alignment does and as the plugin's grid rules do, "
+        "with the tile each chunk gets and every hazard. The grid depends on the model's GQA group and "
+        "head_dim: take them from its config.json (--model-path) or give them (--group, --head-dim); the "
+        "scheduler names the ones it runs with in its startup log line.",
     )
-    planner.add_argument("--cached", type=_at_least(0), default=0, help="radix-cache hit length in tokens")
+    planner.add_argument(
+        "--prompt-len", type=at_least(1, MAX_PLAN_PROMPT_LEN), required=True, help="prompt length in tokens"
+    )
+    planner.add_argument("--cached", type=at_least(0), default=0, help="radix-cache hit length in tokens (default 0)")
     planner.add_argument(
         "--chunk", type=_chunk_size, required=True, help="per-rank --chunked-prefill-size (-1 or 0: chunked prefill off)"
     )
-    planner.add_argument("--group", type=_at_least(1), default=1, help="GQA group (q heads per KV head)")
-    planner.add_argument("--head-dim", type=_at_least(1), help="model head_dim (below 256 exempts very short KV)")
     planner.add_argument(
-        "--flashinfer", metavar="VERSION", help="the flashinfer release whose kernel facts to plan with (default: the installed one)"
+        "--group", type=at_least(1),
+        help="GQA group, q heads per KV head (default: the model's with --model-path, else 1: the coarsest grid, "
+        "safe for every model)",
+    )
+    planner.add_argument(
+        "--head-dim", type=at_least(1),
+        help="model head_dim; below 256 exempts very short KV (default: the model's with --model-path, else "
+        "unknown: tiles compared at every head_dim)",
+    )
+    planner.add_argument(
+        "--model-path", help="a local model folder: take the GQA group and head_dim from its config.json "
+        "(num_attention_heads / num_key_value_heads, head_dim)",
+    )
+    planner.add_argument(
+        "--flashinfer", metavar="VERSION", type=_flashinfer_release,
+        help="the flashinfer release whose kernel facts to plan with "
+        f"(default: the installed one, {installed_flashinfer() or 'none installed'})",
     )
     planner.add_argument("--json", action="store_true", help="print JSON")
     verifier = verify.add_parser(commands)
@@ -83,35 +107,26 @@ def main(argv=None):
     if args.command == "verify":
         return verify.run(verifier, args)
     if args.command == "probe":
-        return probe.main(args)
+        return probe.main(prober, args)
     with contextlib.redirect_stdout(sys.stderr):  # some SGLang modules print on import
         report = run_doctor()
     print(json.dumps(report, indent=2) if args.json else format_doctor(report))
     return 0 if report["ok"] else 1
 
 
-def _at_least(lowest, highest=None):
-    """An argparse type: an integer, >= lowest and <= highest where given, so each bad argument is named on its own."""
-
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or lowest is not None and value < lowest:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer" + (f" >= {lowest}" if lowest is not None else ""))
-        if highest is not None and value > highest:
-            raise argparse.ArgumentTypeError(f"{text!r} is above {highest}, the longest prompt plan lists")
-        return value
-
-    return parse
-
-
 def _chunk_size(text):
     """An argparse type: like the scheduler (Scheduler.init_chunked_prefill), a size <= 0 turns
     chunked prefill off (None); run_plan refuses what the scheduler refuses, by the kernel facts."""
-    chunk = _at_least(None)(text)
+    chunk = at_least(None)(text)
     return chunk if chunk > 0 else None
+
+
+def _flashinfer_release(text):
+    """An argparse type: a release number as flashinfer's metadata spells it (0.7.4; v0.7.4 reads the same)."""
+    try:
+        return str(Version(text))
+    except InvalidVersion:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a flashinfer release such as 0.7.2") from None
 
 
 def run_plan(planner, args):
@@ -121,10 +136,17 @@ def run_plan(planner, args):
             f"--cached {args.cached} must be below --prompt-len {args.prompt_len}: "
             "SGLang always prefills at least the last prompt token"
         )
+    groups, head_dims = probe.shape_from_arguments(
+        planner, args.model_path, args.group and [args.group], args.head_dim and [args.head_dim]
+    )
+    if head_dims and len(head_dims) > 1:
+        planner.error(f"--model-path {args.model_path} uses head_dim {' and '.join(map(str, head_dims))}: "
+                      "give --head-dim, the one its flashinfer prefill is planned with")
+    group, head_dim = (groups or [1])[0], (head_dims or [None])[0]
     facts, warning = facts_for(args.flashinfer or installed_flashinfer())
     if warning:
         print(f"WARNING: {warning}", file=sys.stderr)
-    rules = Rules(group=args.group, head_dim=args.head_dim, facts=facts)
+    rules = Rules(group=group, head_dim=head_dim, facts=facts)
     # The chunk sizes the scheduler accepts, refused with its own message.
     error = chunk_size_error(args.chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail)
     if error:
@@ -133,7 +155,7 @@ def run_plan(planner, args):
         "upstream length alignment": plan(args.prompt_len, args.cached, args.chunk, rules, aligned=False),
         "sglang-chunk-align": plan(args.prompt_len, args.cached, args.chunk, rules),
     }
-    warnings = list(filter(None, [facts.shape_warning(args.group, args.head_dim)]))
+    warnings = list(filter(None, [facts.shape_warning(group, head_dim)]))
     if args.json:
         print(json.dumps(
             {**{name: [vars(c) for c in chunks] for name, chunks in schedules.items()}, "warnings": warnings},

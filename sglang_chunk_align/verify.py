@@ -94,6 +94,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from .alignment import PREFILL_Q_TILE_TOKENS
+from .arguments import at_least
 
 WORKLOADS = ("mixed", "chat")
 TURNS = 4
@@ -116,8 +117,6 @@ class ServerError(Exception):
 
 def add_parser(commands):
     """The `verify` subcommand on cli.py's subparsers; returns it for run()."""
-    from .cli import _at_least  # the integer check plan's arguments use; cli is loaded by now
-
     verifier = commands.add_parser(
         "verify",
         help="compare a running server's logprobs with solo, cold requests",
@@ -130,12 +129,12 @@ def add_parser(commands):
     verifier.add_argument("--server", type=_url, required=True, help="URL of the server under test")
     verifier.add_argument("--reference", type=_url, help="URL of a reference server (chunked prefill off)")
     verifier.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all", help="default all")
-    verifier.add_argument("--prompts", type=_at_least(1), default=32, help="requests per workload (default 32)")
-    verifier.add_argument("--concurrency", type=_at_least(1), default=8, help="requests in flight in the concurrent pass (default 8)")
+    verifier.add_argument("--prompts", type=at_least(1), default=32, help="requests per workload (default 32)")
+    verifier.add_argument("--concurrency", type=at_least(1), default=8, help="requests in flight in the concurrent pass (default 8)")
     verifier.add_argument("--seed", type=int, default=0, help="seed of the workloads")
-    verifier.add_argument("--max-new-tokens", type=_at_least(1), default=8, help="greedy tokens generated per request (default 8)")
+    verifier.add_argument("--max-new-tokens", type=at_least(1), default=8, help="greedy tokens generated per request (default 8)")
     verifier.add_argument("--input-ids", action="store_true", help="send token ids (servers with --skip-tokenizer-init)")
-    verifier.add_argument("--vocab-size", type=_at_least(1), help="with --input-ids: the model's vocab_size; ids are drawn below it")
+    verifier.add_argument("--vocab-size", type=at_least(1), help="with --input-ids: the model's vocab_size; ids are drawn below it")
     verifier.add_argument("--no-radix", action="store_true", help="the server runs without a radix cache: chat need not hit it")
     verifier.add_argument(
         "--baseline-cache", metavar="FILE",

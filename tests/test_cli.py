@@ -13,10 +13,11 @@ from packaging.version import Version
 from sglang_chunk_align import patch_table, patches, releases
 from sglang_chunk_align.alignment import chunk_size_error
 from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, sglang_at_least, switch_refusals
-from sglang_chunk_align.kernel_facts import FACTS, facts_for, installed_facts
+from sglang_chunk_align.kernel_facts import FACTS, facts_for, installed_facts, installed_flashinfer
 from sglang_chunk_align.standins import scheduler_alignment
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MODELS = EXAMPLES.parent / "benchmarks" / "models"
 # Hides the installed SGLang from a fresh interpreter (its metadata and its import), and
 # with ray=True makes `ray` look installed, so doctor runs as on a machine without/with them.
 HIDE = """
@@ -289,6 +290,15 @@ def test_plan_command_shows_the_rules_of_a_flashinfer_release_not_installed():
         (["--cached", "-1"], "argument --cached: '-1' is not an integer >= 0"),
         (["--cached", "100"], "--cached 100 must be below --prompt-len 100"),
         (["--cached", "101"], "--cached 101 must be below --prompt-len 100"),
+        (["--flashinfer", "banana"], "argument --flashinfer: 'banana' is not a flashinfer release such as 0.7.2"),
+        (["--flashinfer", "0.7.x"], "argument --flashinfer: '0.7.x' is not a flashinfer release such as 0.7.2"),
+        (["--model-path", "/nonexistent"],
+         "argument --model-path: '/nonexistent' has no readable config.json (No such file or directory)"),
+        (["--model-path", str(MODELS / "qwen3-8b"), "--group", "8"],
+         f"--group 8 disagrees with --model-path {MODELS / 'qwen3-8b'} (32 attention heads / 8 KV heads, "
+         "head_dim 128: GQA group 4); give one of them"),
+        (["--model-path", str(MODELS / "qwen3-8b"), "--head-dim", "256"],
+         f"--head-dim 256 disagrees with --model-path {MODELS / 'qwen3-8b'} (32 attention heads / 8 KV heads, head_dim 128)"),
     ],
 )
 def test_plan_command_names_the_one_bad_argument(args, bad):
@@ -296,6 +306,50 @@ def test_plan_command_names_the_one_bad_argument(args, bad):
     assert result.returncode == 2
     assert f"sglang-chunk-align plan: error: {bad}" in result.stderr
     assert "usage: sglang-chunk-align plan" in result.stderr
+
+
+@pytest.mark.parametrize("model, shape", [("qwen3-8b", ("--group", "4", "--head-dim", "128")),
+                                          ("gemma-2b", ("--group", "8", "--head-dim", "256"))])
+def test_plan_command_takes_the_shape_from_a_model_config(model, shape):
+    """--model-path plans exactly as the group and head_dim of the model's config.json; giving
+    them too, where they agree, changes nothing."""
+    args = ("plan", "--prompt-len", "2500", "--cached", "1000", "--chunk", "256", "--json")
+    given = _cli(*args, *shape)
+    assert given.returncode == 0, given.stderr
+    assert _cli(*args).stdout != given.stdout  # the shape matters to this plan
+    for extra in ((), shape):
+        from_model = _cli(*args, "--model-path", str(MODELS / model), *extra)
+        assert from_model.returncode == 0, from_model.stderr
+        assert from_model.stdout == given.stdout
+
+
+def test_plan_command_asks_which_head_dim_of_a_model_with_two(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512}))
+    args = ("plan", "--prompt-len", "300", "--chunk", "128", "--model-path", str(tmp_path))
+    refused = _cli(*args)
+    assert refused.returncode == 2
+    assert (f"--model-path {tmp_path} uses head_dim 256 and 512: give --head-dim, the one its flashinfer prefill "
+            "is planned with") in refused.stderr
+    chosen = _cli(*args, "--head-dim", "512", "--json")
+    assert chosen.returncode == 0, chosen.stderr
+    assert chosen.stdout == _cli("plan", "--prompt-len", "300", "--chunk", "128", "--group", "2", "--head-dim", "512",
+                                 "--json").stdout
+
+
+def test_plan_help_shows_every_default():
+    text = " ".join(_cli("plan", "--help").stdout.split())
+    for default in ("--cached CACHED radix-cache hit length in tokens (default 0)",
+                    "(default: the model's with --model-path, else 1: the coarsest grid, safe for every model)",
+                    "(default: the model's with --model-path, else unknown: tiles compared at every head_dim)",
+                    "take the GQA group and head_dim from its config.json",
+                    f"(default: the installed one, {installed_flashinfer() or 'none installed'})"):
+        assert default in text
+
+
+def test_plan_command_reads_a_flashinfer_release_as_its_metadata_spells_it():
+    args = ("plan", "--prompt-len", "2500", "--chunk", "192", "--group", "4", "--json")
+    assert _cli(*args, "--flashinfer", "v0.7.4").stdout == _cli(*args, "--flashinfer", "0.7.4").stdout != ""
 
 
 @pytest.mark.parametrize(
