@@ -101,6 +101,9 @@ def main(argv=None):
     verifier = verify.add_parser(commands)
     prober = commands.add_parser("probe", help="measure the installed flashinfer's fa2 kernel facts on this GPU")
     probe.add_arguments(prober)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["verify"] and "--json" in argv:
+        verify.report_errors_as_json(parser, verifier)
     args = parser.parse_args(argv)
     if args.command == "plan":
         return run_plan(planner, args)
