@@ -4,7 +4,8 @@
 flags every hazard. `doctor` checks whether this environment can run the
 plugin: it applies the patches in its own process, reports each patch point, and asks
 every installed attention-backend class what it declares under deterministic
-inference, using instances built without __init__ (no GPU, no model).
+inference, using instances built without __init__ (no GPU, no model). It also
+says which installed SGLang plugins SGLANG_PLUGINS makes SGLang skip.
 `verify` checks a running server bit for bit against solo, cold requests (verify.py).
 """
 
@@ -14,6 +15,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import pkgutil
 import sys
 from importlib import metadata
@@ -50,6 +52,8 @@ GRID_SOURCE = (
     "FlashInferAttnBackend.indices_updater_prefill (the heads fa2 prefill is planned with); "
     "{fallback} where the backend does not say"
 )
+# SGLang's entry-point group for general plugins (sglang.srt.plugins.GENERAL_PLUGINS_GROUP).
+PLUGINS_GROUP = "sglang.srt.plugins"
 # SGLang's Ray scheduler actors never call load_plugins() (README, "Use it on a GPU server").
 RAY_WARNING = (
     "Ray is installed: SGLang's Ray scheduler actors (--use-ray, RayEngine) never load plugins, "
@@ -184,6 +188,7 @@ def run_doctor():
         "versions": {d: _dist_version(d) for d in ("sglang-chunk-align", "sglang", "flashinfer-python", "torch", "wrapt")},
         "supported_sglang": SUPPORTED_SGLANG,
         "switches": {name: value if isinstance(value, str) else int(value) for name, value in switch_values().items()},
+        "plugins": plugin_selection(os.environ.get("SGLANG_PLUGINS")),
         "grid_rules": None,
         "grid": None,
         "kernel_facts": None,
@@ -192,6 +197,8 @@ def run_doctor():
         "patch_points": [],
         "backends": {},
     }
+    if report["plugins"]["skipped"]:
+        report["warnings"].append(skipped_plugins_warning(report["plugins"]))
     if version is None:  # said whatever else is wrong: a bad switch would hide it below
         report["problems"].append(str(sglang_missing()))
     applied = contextlib.nullcontext()  # apply() would refuse for the reason found first
@@ -214,6 +221,41 @@ def run_doctor():
             _check_release(report, version)
     report["ok"] = not report["problems"]
     return report
+
+
+def plugin_selection(value):
+    """Which installed plugins SGLang's load_plugins() loads with SGLANG_PLUGINS=`value` (None: unset).
+
+    As sglang.srt.plugins.load_plugins_by_group decides (the same in 0.5.12 to
+    0.5.23): unset or empty loads every installed plugin; otherwise the value is
+    a comma-separated list of names (spaces around a name and empty items
+    ignored), the named plugins load, every other is skipped ("Skipping plugin
+    ... (not in SGLANG_PLUGINS)"), and a name no plugin has is ignored.
+    `keep` is the value that also loads the skipped ones.
+    """
+    installed = {ep.name: ep.dist.name if ep.dist else None for ep in metadata.entry_points(group=PLUGINS_GROUP)}
+    named = [name.strip() for name in (value or "").split(",") if name.strip()]
+    skipped = sorted(name for name in installed if value and name not in named)
+    return {
+        "SGLANG_PLUGINS": value,
+        "installed": dict(sorted(installed.items())),
+        "loaded": sorted(set(installed) - set(skipped)),
+        "skipped": skipped,
+        "unknown": [name for name in named if name not in installed],
+        "keep": ",".join(dict.fromkeys([name for name in named if name in installed] + skipped)) if skipped else None,
+    }
+
+
+def skipped_plugins_warning(plugins):
+    """The installed plugins SGLANG_PLUGINS skips, and the value that keeps them."""
+    skipped = ", ".join(f"{name} ({plugins['installed'][name]})" for name in plugins["skipped"])
+    stock = " chunk_align is among them: SGLang runs stock." if "chunk_align" in plugins["skipped"] else ""
+    return (
+        f"SGLANG_PLUGINS={plugins['SGLANG_PLUGINS']!r} makes SGLang skip the installed "
+        f"plugin{'s' * (len(plugins['skipped']) > 1)} {skipped}.{stock} To keep "
+        f"{'them' if len(plugins['skipped']) > 1 else 'it'}: SGLANG_PLUGINS={plugins['keep']} "
+        "(or leave SGLANG_PLUGINS unset: every installed plugin loads)."
+    )
 
 
 @contextlib.contextmanager
@@ -301,6 +343,7 @@ def format_doctor(report):
         f"  {name}={value!r} (invalid)" if isinstance(value, str) else f"  {name}={value}"
         for name, value in report["switches"].items()
     ]
+    lines.append(f"  SGLANG_PLUGINS       {_plugins_line(report['plugins'])}")
     facts = report["kernel_facts"]
     lines.append(f"  kernel facts         {facts['summary']}; measured at {facts['shapes']}; plan --group --head-dim warns on others")
     lines += [f"PROBLEM: {p}" for p in report["problems"]]
@@ -320,6 +363,18 @@ def format_doctor(report):
     lines += [f"WARNING: {w}" for w in report["warnings"]]
     lines.append("OK" if report["ok"] else f"NOT OK: {len(report['problems'])} PROBLEM line(s) above")
     return "\n".join(lines)
+
+
+def _plugins_line(plugins):
+    value, loads = plugins["SGLANG_PLUGINS"], ", ".join(plugins["loaded"]) or "no plugin"
+    if not value:
+        return f"{'unset' if value is None else repr(value)}: SGLang loads every installed plugin ({loads})"
+    parts = [f"{value!r}: SGLang loads {loads}"]
+    if plugins["skipped"]:
+        parts.append(f"skips {', '.join(plugins['skipped'])}")
+    if plugins["unknown"]:
+        parts.append(f"no installed plugin is named {', '.join(plugins['unknown'])}")
+    return "; ".join(parts)
 
 
 def _dist_version(dist):

@@ -169,6 +169,61 @@ def test_doctor_warns_that_ray_schedulers_do_not_load_the_plugin(fresh_python):
     assert "never load plugins" in result.stdout
 
 
+def _installed_plugins():
+    return sorted({ep.name for ep in metadata.entry_points(group="sglang.srt.plugins")})
+
+
+@pytest.mark.parametrize(
+    "value", [None, "", "chunk_align", "chunk_align,smg-zmq", " chunk_align , smg-servicer ,", ",", "none", "chunk-align"]
+)
+def test_plugin_selection_is_what_sglangs_own_loader_loads(monkeypatch, value):
+    """Against SGLang's load_plugins_by_group and the installed entry points (chunk_align, and
+    smg-grpc-servicer's smg-servicer and smg-zmq where SGLang installed it)."""
+    from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
+
+    from sglang_chunk_align.cli import PLUGINS_GROUP, plugin_selection
+
+    assert PLUGINS_GROUP == GENERAL_PLUGINS_GROUP
+    if value is None:
+        monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_PLUGINS", value)
+    loaded = sorted(load_plugins_by_group(GENERAL_PLUGINS_GROUP))
+    selection = plugin_selection(value)
+    assert "chunk_align" in selection["installed"] and sorted(selection["installed"]) == _installed_plugins()
+    assert selection["loaded"] == loaded
+    assert selection["skipped"] == sorted(set(_installed_plugins()) - set(loaded))
+    if selection["skipped"]:  # the value it suggests loads every plugin the current one names or skips
+        monkeypatch.setenv("SGLANG_PLUGINS", selection["keep"])
+        assert sorted(load_plugins_by_group(GENERAL_PLUGINS_GROUP)) == sorted({*loaded, *selection["skipped"]})
+
+
+def test_doctor_lists_the_plugins_sglang_plugins_skips_and_how_to_keep_them(monkeypatch):
+    others = [name for name in _installed_plugins() if name != "chunk_align"]
+    report = json.loads(_cli("doctor", "--json", SGLANG_PLUGINS="chunk_align").stdout)
+    assert report["plugins"]["loaded"] == ["chunk_align"] and report["plugins"]["skipped"] == others
+    warned = [w for w in report["warnings"] if w.startswith("SGLANG_PLUGINS=")]
+    if others:  # SGLang 0.5.23 installs smg-grpc-servicer, whose plugins this skips
+        keep = ",".join(["chunk_align", *others])
+        named = ", ".join(f"{name} ({report['plugins']['installed'][name]})" for name in others)
+        assert report["plugins"]["keep"] == keep
+        assert warned == [f"SGLANG_PLUGINS='chunk_align' makes SGLang skip the installed plugin{'s' * (len(others) > 1)} "
+                          f"{named}. To keep {'them' if len(others) > 1 else 'it'}: SGLANG_PLUGINS={keep} "
+                          "(or leave SGLANG_PLUGINS unset: every installed plugin loads)."]
+    else:
+        assert warned == [] and report["plugins"]["keep"] is None
+    text = _cli("doctor", SGLANG_PLUGINS="none").stdout.splitlines()
+    assert f"  SGLANG_PLUGINS       'none': SGLang loads no plugin; skips {', '.join(_installed_plugins())}; " \
+        "no installed plugin is named none" in text
+    stock = [line for line in text if line.startswith("WARNING: SGLANG_PLUGINS='none'")]
+    assert len(stock) == 1 and "chunk_align is among them: SGLang runs stock." in stock[0]
+    assert f"To keep them: SGLANG_PLUGINS={','.join(_installed_plugins())} " in stock[0] or len(_installed_plugins()) == 1
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    unset = _cli("doctor").stdout
+    assert f"  SGLANG_PLUGINS       unset: SGLang loads every installed plugin ({', '.join(_installed_plugins())})" in unset
+    assert "WARNING: SGLANG_PLUGINS" not in unset
+
+
 def test_version():
     result = _cli("--version")
     assert result.returncode == 0
