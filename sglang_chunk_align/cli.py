@@ -56,8 +56,9 @@ GRID_SOURCE = (
 PLUGINS_GROUP = "sglang.srt.plugins"
 # SGLang's Ray scheduler actors never call load_plugins() (README, "Use it on a GPU server").
 RAY_WARNING = (
-    "Ray is installed: SGLang's Ray scheduler actors (--use-ray, RayEngine) never load plugins, "
-    "so chunk_align does not run there and their chunks keep stock alignment."
+    "Ray is installed: SGLang's Ray scheduler actors (--use-ray, RayEngine) never load plugins, so "
+    "deterministic flashinfer refuses to start on them while chunk_align is loaded. An sglang.Engine "
+    "inside a Ray actor is fine: it starts its schedulers as processes, which load the plugin."
 )
 
 

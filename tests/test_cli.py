@@ -165,8 +165,9 @@ def test_doctor_without_sglang_and_with_a_bad_switch_names_both(fresh_python):
 
 def test_doctor_warns_that_ray_schedulers_do_not_load_the_plugin(fresh_python):
     result = fresh_python(HIDE.format(ray=True))
-    assert "WARNING: Ray is installed: SGLang's Ray scheduler actors" in result.stdout
-    assert "never load plugins" in result.stdout
+    assert "WARNING: Ray is installed: SGLang's Ray scheduler actors (--use-ray, RayEngine) never load plugins" \
+        in result.stdout
+    assert "An sglang.Engine inside a Ray actor is fine" in result.stdout
 
 
 def _installed_plugins():
