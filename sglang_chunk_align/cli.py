@@ -4,7 +4,8 @@
 flags every hazard. `doctor` checks whether this environment can run the
 plugin: it applies the patches in its own process, reports each patch point, and asks
 every installed attention-backend class what it declares under deterministic
-inference, using instances built without __init__ (no GPU, no model).
+inference, using instances built without __init__ (no GPU, no model). It also
+says which installed SGLang plugins SGLANG_PLUGINS makes SGLang skip.
 `verify` checks a running server bit for bit against solo, cold requests (verify.py).
 """
 
@@ -14,14 +15,18 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import pkgutil
 import sys
 from importlib import metadata
 
+from packaging.version import InvalidVersion, Version
+
 from . import patch_table, patches, probe, releases, standins, verify
-from .planning import Rules, plan, shape_coverage
+from .arguments import at_least
+from .planning import Rules, plan
 from .alignment import chunk_size_error
-from .kernel_facts import MEASURED_SHAPES, facts_for, installed_facts, installed_flashinfer
+from .kernel_facts import facts_for, installed_facts, installed_flashinfer
 from .compat import (
     RADIX_OPT_IN_NEEDS,
     RULES_ENV,
@@ -47,10 +52,13 @@ GRID_SOURCE = (
     "FlashInferAttnBackend.indices_updater_prefill (the heads fa2 prefill is planned with); "
     "{fallback} where the backend does not say"
 )
+# SGLang's entry-point group for general plugins (sglang.srt.plugins.GENERAL_PLUGINS_GROUP).
+PLUGINS_GROUP = "sglang.srt.plugins"
 # SGLang's Ray scheduler actors never call load_plugins() (README, "Use it on a GPU server").
 RAY_WARNING = (
-    "Ray is installed: SGLang's Ray scheduler actors (--use-ray, RayEngine) never load plugins, "
-    "so chunk_align does not run there and their chunks keep stock alignment."
+    "Ray is installed: SGLang's Ray scheduler actors (--use-ray, RayEngine) never load plugins, so "
+    "deterministic flashinfer refuses to start on them while chunk_align is loaded. An sglang.Engine "
+    "inside a Ray actor is fine: it starts its schedulers as processes, which load the plugin."
 )
 
 
@@ -60,58 +68,73 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser("doctor", help="check the installed SGLang and the patch points")
     doctor.add_argument("--json", action="store_true", help="print a JSON report")
-    planner = commands.add_parser("plan", help="show one request's chunks, upstream and with the plugin")
-    planner.add_argument(
-        "--prompt-len", type=_at_least(1, MAX_PLAN_PROMPT_LEN), required=True, help="prompt length in tokens"
+    planner = commands.add_parser(
+        "plan",
+        help="show one request's chunks, upstream and with the plugin",
+        description="Chunk one request as SGLang's length alignment does and as the plugin's grid rules do, "
+        "with the tile each chunk gets and every hazard. The grid depends on the model's GQA group and "
+        "head_dim: take them from its config.json (--model-path) or give them (--group, --head-dim); the "
+        "scheduler names the ones it runs with in its startup log line.",
     )
-    planner.add_argument("--cached", type=_at_least(0), default=0, help="radix-cache hit length in tokens")
+    planner.add_argument(
+        "--prompt-len", type=at_least(1, MAX_PLAN_PROMPT_LEN), required=True, help="prompt length in tokens"
+    )
+    planner.add_argument("--cached", type=at_least(0), default=0, help="radix-cache hit length in tokens (default 0)")
     planner.add_argument(
         "--chunk", type=_chunk_size, required=True, help="per-rank --chunked-prefill-size (-1 or 0: chunked prefill off)"
     )
-    planner.add_argument("--group", type=_at_least(1), default=1, help="GQA group (q heads per KV head)")
-    planner.add_argument("--head-dim", type=_at_least(1), help="model head_dim (below 256 exempts very short KV)")
     planner.add_argument(
-        "--flashinfer", metavar="VERSION", help="the flashinfer release whose kernel facts to plan with (default: the installed one)"
+        "--group", type=at_least(1),
+        help="GQA group, q heads per KV head (default: the model's with --model-path, else 1: the coarsest grid, "
+        "safe for every model)",
+    )
+    planner.add_argument(
+        "--head-dim", type=at_least(1),
+        help="model head_dim; below 256 exempts very short KV (default: the model's with --model-path, else "
+        "unknown: tiles compared at every head_dim)",
+    )
+    planner.add_argument(
+        "--model-path", help="a local model folder: take the GQA group and head_dim from its config.json "
+        "(num_attention_heads / num_key_value_heads, head_dim)",
+    )
+    planner.add_argument(
+        "--flashinfer", metavar="VERSION", type=_flashinfer_release,
+        help="the flashinfer release whose kernel facts to plan with "
+        f"(default: the installed one, {installed_flashinfer() or 'none installed'})",
     )
     planner.add_argument("--json", action="store_true", help="print JSON")
     verifier = verify.add_parser(commands)
     prober = commands.add_parser("probe", help="measure the installed flashinfer's fa2 kernel facts on this GPU")
     probe.add_arguments(prober)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["verify"] and "--json" in argv:
+        verify.report_errors_as_json(parser, verifier)
     args = parser.parse_args(argv)
     if args.command == "plan":
         return run_plan(planner, args)
     if args.command == "verify":
         return verify.run(verifier, args)
     if args.command == "probe":
-        return probe.main(args)
+        return probe.main(prober, args)
     with contextlib.redirect_stdout(sys.stderr):  # some SGLang modules print on import
         report = run_doctor()
     print(json.dumps(report, indent=2) if args.json else format_doctor(report))
     return 0 if report["ok"] else 1
 
 
-def _at_least(lowest, highest=None):
-    """An argparse type: an integer, >= lowest and <= highest where given, so each bad argument is named on its own."""
-
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or lowest is not None and value < lowest:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer" + (f" >= {lowest}" if lowest is not None else ""))
-        if highest is not None and value > highest:
-            raise argparse.ArgumentTypeError(f"{text!r} is above {highest}, the longest prompt plan lists")
-        return value
-
-    return parse
-
-
 def _chunk_size(text):
     """An argparse type: like the scheduler (Scheduler.init_chunked_prefill), a size <= 0 turns
     chunked prefill off (None); run_plan refuses what the scheduler refuses, by the kernel facts."""
-    chunk = _at_least(None)(text)
+    chunk = at_least(None)(text)
     return chunk if chunk > 0 else None
+
+
+def _flashinfer_release(text):
+    """An argparse type: a release number as flashinfer's metadata spells it (0.7.4; v0.7.4 reads the same)."""
+    try:
+        return str(Version(text))
+    except InvalidVersion:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a flashinfer release such as 0.7.2") from None
 
 
 def run_plan(planner, args):
@@ -121,10 +144,17 @@ def run_plan(planner, args):
             f"--cached {args.cached} must be below --prompt-len {args.prompt_len}: "
             "SGLang always prefills at least the last prompt token"
         )
+    groups, head_dims = probe.shape_from_arguments(
+        planner, args.model_path, args.group and [args.group], args.head_dim and [args.head_dim]
+    )
+    if head_dims and len(head_dims) > 1:
+        planner.error(f"--model-path {args.model_path} uses head_dim {' and '.join(map(str, head_dims))}: "
+                      "give --head-dim, the one its flashinfer prefill is planned with")
+    group, head_dim = (groups or [1])[0], (head_dims or [None])[0]
     facts, warning = facts_for(args.flashinfer or installed_flashinfer())
     if warning:
         print(f"WARNING: {warning}", file=sys.stderr)
-    rules = Rules(group=args.group, head_dim=args.head_dim, facts=facts)
+    rules = Rules(group=group, head_dim=head_dim, facts=facts)
     # The chunk sizes the scheduler accepts, refused with its own message.
     error = chunk_size_error(args.chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail)
     if error:
@@ -133,14 +163,14 @@ def run_plan(planner, args):
         "upstream length alignment": plan(args.prompt_len, args.cached, args.chunk, rules, aligned=False),
         "sglang-chunk-align": plan(args.prompt_len, args.cached, args.chunk, rules),
     }
-    warnings = list(filter(None, [shape_coverage(args.group, args.head_dim)]))
+    warnings = list(filter(None, [facts.shape_warning(group, head_dim)]))
     if args.json:
         print(json.dumps(
             {**{name: [vars(c) for c in chunks] for name, chunks in schedules.items()}, "warnings": warnings},
             indent=2,
         ))
     else:
-        print(f"{facts.describe()}; measured at {MEASURED_SHAPES}")
+        print(f"{facts.describe()}; measured at {facts.describe_shapes()}")
         for warning in warnings:
             print(f"WARNING: {warning}")
         if args.chunk is None:
@@ -159,6 +189,7 @@ def run_doctor():
         "versions": {d: _dist_version(d) for d in ("sglang-chunk-align", "sglang", "flashinfer-python", "torch", "wrapt")},
         "supported_sglang": SUPPORTED_SGLANG,
         "switches": {name: value if isinstance(value, str) else int(value) for name, value in switch_values().items()},
+        "plugins": plugin_selection(os.environ.get("SGLANG_PLUGINS")),
         "grid_rules": None,
         "grid": None,
         "kernel_facts": None,
@@ -167,6 +198,8 @@ def run_doctor():
         "patch_points": [],
         "backends": {},
     }
+    if report["plugins"]["skipped"]:
+        report["warnings"].append(skipped_plugins_warning(report["plugins"]))
     if version is None:  # said whatever else is wrong: a bad switch would hide it below
         report["problems"].append(str(sglang_missing()))
     applied = contextlib.nullcontext()  # apply() would refuse for the reason found first
@@ -181,7 +214,7 @@ def run_doctor():
         report["problems"].append(str(error))
     facts = installed_facts()
     report["kernel_facts"] = {"flashinfer": facts.flashinfer, "measured": facts.measured,
-                              "summary": facts.describe(), "shapes": MEASURED_SHAPES}
+                              "summary": facts.describe(), "shapes": facts.describe_shapes()}
     if not facts.measured:
         report["warnings"].append(facts_for(installed_flashinfer())[1])
     with applied:
@@ -189,6 +222,41 @@ def run_doctor():
             _check_release(report, version)
     report["ok"] = not report["problems"]
     return report
+
+
+def plugin_selection(value):
+    """Which installed plugins SGLang's load_plugins() loads with SGLANG_PLUGINS=`value` (None: unset).
+
+    As sglang.srt.plugins.load_plugins_by_group decides (the same in 0.5.12 to
+    0.5.23): unset or empty loads every installed plugin; otherwise the value is
+    a comma-separated list of names (spaces around a name and empty items
+    ignored), the named plugins load, every other is skipped ("Skipping plugin
+    ... (not in SGLANG_PLUGINS)"), and a name no plugin has is ignored.
+    `keep` is the value that also loads the skipped ones.
+    """
+    installed = {ep.name: ep.dist.name if ep.dist else None for ep in metadata.entry_points(group=PLUGINS_GROUP)}
+    named = [name.strip() for name in (value or "").split(",") if name.strip()]
+    skipped = sorted(name for name in installed if value and name not in named)
+    return {
+        "SGLANG_PLUGINS": value,
+        "installed": dict(sorted(installed.items())),
+        "loaded": sorted(set(installed) - set(skipped)),
+        "skipped": skipped,
+        "unknown": [name for name in named if name not in installed],
+        "keep": ",".join(dict.fromkeys([name for name in named if name in installed] + skipped)) if skipped else None,
+    }
+
+
+def skipped_plugins_warning(plugins):
+    """The installed plugins SGLANG_PLUGINS skips, and the value that keeps them."""
+    skipped = ", ".join(f"{name} ({plugins['installed'][name]})" for name in plugins["skipped"])
+    stock = " chunk_align is among them: SGLang runs stock." if "chunk_align" in plugins["skipped"] else ""
+    return (
+        f"SGLANG_PLUGINS={plugins['SGLANG_PLUGINS']!r} makes SGLang skip the installed "
+        f"plugin{'s' * (len(plugins['skipped']) > 1)} {skipped}.{stock} To keep "
+        f"{'them' if len(plugins['skipped']) > 1 else 'it'}: SGLANG_PLUGINS={plugins['keep']} "
+        "(or leave SGLANG_PLUGINS unset: every installed plugin loads)."
+    )
 
 
 @contextlib.contextmanager
@@ -276,6 +344,7 @@ def format_doctor(report):
         f"  {name}={value!r} (invalid)" if isinstance(value, str) else f"  {name}={value}"
         for name, value in report["switches"].items()
     ]
+    lines.append(f"  SGLANG_PLUGINS       {_plugins_line(report['plugins'])}")
     facts = report["kernel_facts"]
     lines.append(f"  kernel facts         {facts['summary']}; measured at {facts['shapes']}; plan --group --head-dim warns on others")
     lines += [f"PROBLEM: {p}" for p in report["problems"]]
@@ -295,6 +364,18 @@ def format_doctor(report):
     lines += [f"WARNING: {w}" for w in report["warnings"]]
     lines.append("OK" if report["ok"] else f"NOT OK: {len(report['problems'])} PROBLEM line(s) above")
     return "\n".join(lines)
+
+
+def _plugins_line(plugins):
+    value, loads = plugins["SGLANG_PLUGINS"], ", ".join(plugins["loaded"]) or "no plugin"
+    if not value:
+        return f"{'unset' if value is None else repr(value)}: SGLang loads every installed plugin ({loads})"
+    parts = [f"{value!r}: SGLang loads {loads}"]
+    if plugins["skipped"]:
+        parts.append(f"skips {', '.join(plugins['skipped'])}")
+    if plugins["unknown"]:
+        parts.append(f"no installed plugin is named {', '.join(plugins['unknown'])}")
+    return "; ".join(parts)
 
 
 def _dist_version(dist):

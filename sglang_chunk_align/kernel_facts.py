@@ -46,9 +46,9 @@ class KernelFacts:
     # FA2DetermineCtaTileQ (include/flashinfer/utils.cuh, the same in 0.7.2 and 0.7.4), per
     # head_dim class: (head_dim at least, ((more packed rows than, tile), ...), smallest tile).
     # A batch's tile is the first whose threshold its integer average packed q length exceeds.
-    # Measured at head_dim 128 and 256; 512 (VO-split: 32 rows above 32, else 16) is read from
-    # the source only, until `sglang-chunk-align probe --head-dim 512` measures it. Without the
-    # 256 row, head_dim 256 would be held to the stricter uncapped class.
+    # 512 (VO-split: 32 rows above 32, else 16) is read from the source; the probe on 0.7.2 found
+    # final pieces exact where these thresholds predict a tile change, so they are kept as the
+    # stricter reading. Without the 256 row, head_dim 256 would be held to the stricter uncapped class.
     tile_classes: tuple = ((0, ((64, 128), (16, 64)), 16), (256, ((16, 64),), 16), (512, ((32, 32),), 16))
     # A batch member whose causal KV is at most this many tokens gets the same rows on any tile,
     # at a head_dim below SHORT_KV_BELOW_HEAD_DIM (not at 256).
@@ -56,6 +56,9 @@ class KernelFacts:
     short_kv_below_head_dim: int = 256
     # (fact, shapes measured, recorded run in this repository), for doctor, probe and the README.
     evidence: tuple = ()
+    # ((head_dim, (GQA groups, ...)), ...): the model shapes the evidence covers on this release.
+    # Elsewhere the rules are the same arithmetic, but nothing checked that fa2 follows it there.
+    measured_shapes: tuple = ()
 
     def cta_tile(self, packed_rows, head_dim=None):
         """The CTA q-tile fa2 picks for a batch whose average packed q length is `packed_rows`.
@@ -98,6 +101,37 @@ class KernelFacts:
         status = "measured" if self.measured else f"NOT measured, the strictest measured facts (run {PROBE_COMMAND})"
         return f"flashinfer {self.flashinfer} kernel facts, {status}: {grid}"
 
+    def describe_shapes(self):
+        """The measured shapes in words, for doctor, plan and the README."""
+        if not self.measured_shapes:
+            return "no model shape (not measured)"
+        *others, last = [f"{d} (GQA {', '.join(map(str, groups))})" for d, groups in self.measured_shapes]
+        return f"head_dim {', '.join(others)} and {last}" if others else f"head_dim {last}"
+
+    def shape_warning(self, group, head_dim):
+        """A warning when these facts were not measured at this GQA group and head_dim, else None.
+
+        An unknown head_dim (None) is checked by the group alone: the rules then assume the
+        strictest head_dim. Facts nobody measured (STRICTEST) get none: facts_for warns of the
+        whole release.
+        """
+        if not self.measured:
+            return None
+        shapes = dict(self.measured_shapes)
+        group_anywhere = any(group in groups for groups in shapes.values())
+        if head_dim is None:
+            unmeasured = None if group_anywhere else f"GQA group {group}"
+        elif head_dim not in shapes:
+            unmeasured = f"head_dim {head_dim}" if group_anywhere else f"GQA group {group} and head_dim {head_dim}"
+        else:
+            unmeasured = None if group in shapes[head_dim] else f"GQA group {group} at head_dim {head_dim}"
+        if unmeasured is None:
+            return None
+        return (
+            f"{unmeasured}: not measured on flashinfer {self.flashinfer}, whose kernel facts were measured at "
+            f"{self.describe_shapes()}, so bit-exactness here is the rules' arithmetic, unchecked on a GPU"
+        )
+
 
 _FI072_SHAPES = "GQA groups 1, 2, 4, 8 at head_dim 128 and 256 (q/KV heads 32/32, 32/16, 32/8, 64/8, 16/8, 32/4)"
 
@@ -129,7 +163,11 @@ FI072 = KernelFacts(
          "differ; final pieces on the 16-row tile were exact where the source's thresholds (kept, the "
          "stricter reading) predict a tile change", "GQA 1, 4, 8 at head_dim 512",
          "tests/gpu/evidence/probe_h200_fi072_d512.json"),
+        ("the grid of 128/g tokens and pieces over 64/g tokens exact (random lengths, prefixes, chunks "
+         "128-512)", "GQA 2, 4, 8, 16 at head_dim 128, GQA 2, 4 at 256",
+         "tests/gpu/evidence/fa2_relaxed_h200_fi072.json"),
     ),
+    measured_shapes=((128, (1, 2, 4, 8, 16)), (256, (1, 2, 4, 8)), (512, (1, 4, 8))),
 )
 
 # flashinfer 0.7.4, same machine and probe, 2026-12-01; `sglang-chunk-align probe` confirmed every
@@ -148,19 +186,10 @@ FI074 = KernelFacts(
         *((f"`sglang-chunk-align probe`: every fact holds at head_dim {d}; decoded rows differ from the "
            "solo prefill's", "GQA 1, 4, 8", f"tests/gpu/evidence/probe_h200_fi074_d{d}.json") for d in (128, 256)),
     ),
+    measured_shapes=((128, (1, 4, 8)), (256, (1, 2, 4, 8))),
 )
 
 FACTS = {facts.flashinfer: facts for facts in (FI072, FI074)}
-
-# The model shapes the facts were measured at (tests/gpu/README.md; GQA groups 3, 5 and 7 and
-# head_dim 64 in a replay on 0.7.2; head_dim 512 by the probe on 0.7.2, tests/gpu/evidence).
-# Elsewhere the rules are the same arithmetic, but nothing checked that fa2 follows it there.
-MEASURED_GROUPS = (1, 2, 3, 4, 5, 7, 8)
-MEASURED_HEAD_DIMS = (64, 128, 256, 512)
-MEASURED_SHAPES = (
-    f"GQA groups {', '.join(map(str, MEASURED_GROUPS))} and head_dim "
-    f"{', '.join(map(str, MEASURED_HEAD_DIMS))} (an H200)"
-)
 
 # What an unmeasured release gets: every fact at its strictest measured value.
 STRICTEST = KernelFacts(

@@ -37,25 +37,10 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .kernel_facts import MEASURED_GROUPS, MEASURED_HEAD_DIMS, MEASURED_SHAPES, installed_facts
+from .kernel_facts import installed_facts
 
 # How chunk_end treats a final piece too short for the full tile that no earlier cut can merge.
 KEEP, WAIT, RIDE = "keep", "wait", "ride"
-
-def shape_coverage(group, head_dim):
-    """A warning when the kernel facts were not measured at this GQA group or head_dim, else None.
-
-    An unknown head_dim (None) gets none: the rules then assume the strictest one (no short-KV
-    exemption)."""
-    unmeasured = [f"GQA group {group}"] if group not in MEASURED_GROUPS else []
-    if head_dim is not None and head_dim not in MEASURED_HEAD_DIMS:
-        unmeasured.append(f"head_dim {head_dim}")
-    if not unmeasured:
-        return None
-    return (
-        f"{' and '.join(unmeasured)}: not measured; the kernel facts cover {MEASURED_SHAPES}, "
-        "so bit-exactness here is the rules' arithmetic, unchecked on a GPU"
-    )
 
 
 def q_tile_grid(rows, group):

@@ -22,15 +22,18 @@ Imported only by the CLI and the tests, never by plugin load.
 """
 
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 
 from . import fa2
+from .arguments import at_least
 from .kernel_facts import facts_for, installed_flashinfer
 
 SEED = 20261129
 PROMPT_LEN = 2500
 SPLITS = (fa2.PREFILL_SPLIT, 1024)  # SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE: SGLang's default, and a smaller one
+DEFAULT_GROUPS, DEFAULT_HEAD_DIMS = (1, 4, 8), (128, 256)
 DECODE_STEPS = 8
 EXTRA_KV_TOKENS = 300  # KV of each one-token extend batched with a chunk
 EXACT, INEXACT, EITHER = "exact", "inexact", "either"
@@ -283,34 +286,59 @@ def environment():
             "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
 
 
-def shapes_from_model(path):
-    """(groups, head_dims) from a model's config.json: its GQA group (attention heads per KV
-    head, before tensor parallelism) and every head_dim it uses (global_head_dim too)."""
-    with open(f"{path}/config.json") as f:
-        config = json.load(f)
-    config = config.get("text_config", config)
-    heads = config["num_attention_heads"]
-    group = heads // config.get("num_key_value_heads", heads)
-    head_dims = {config.get("head_dim") or config["hidden_size"] // heads}
-    if config.get("global_head_dim"):
-        head_dims.add(config["global_head_dim"])
-    return [group], sorted(head_dims)
+def model_shape(path):
+    """(GQA group, head_dims, what config.json says) of the model folder `path`: attention heads
+    per KV head before tensor parallelism, and every head_dim it uses (global_head_dim too).
+    Raises ValueError naming what is missing or wrong."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        config = config.get("text_config", config)
+        heads = config["num_attention_heads"]
+        kv_heads = config.get("num_key_value_heads") or heads
+        head_dims = {config.get("head_dim") or config["hidden_size"] // heads, config.get("global_head_dim")} - {None}
+    except OSError as error:
+        raise ValueError(f"{path!r} has no readable config.json ({error.strerror or error}): give a local model folder") from None
+    except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as error:
+        raise ValueError(f"{path!r}: config.json gives no attention heads and head_dim ({type(error).__name__}: {error})") from None
+    if not all(isinstance(n, int) and n > 0 for n in (heads, kv_heads, *head_dims)) or heads % kv_heads:
+        raise ValueError(f"{path!r}: config.json's {heads!r} attention heads / {kv_heads!r} KV heads, head_dim "
+                         f"{' and '.join(map(repr, head_dims))} are no GQA shape")
+    said = f"{heads} attention heads / {kv_heads} KV heads, head_dim {' and '.join(map(str, sorted(head_dims)))}"
+    return heads // kv_heads, sorted(head_dims), said
 
 
-def main(args):
-    """The `probe` subcommand; args from cli.py. Returns the exit status."""
+def shape_from_arguments(parser, model_path, groups, head_dims):
+    """The GQA groups and head_dims a command runs with: the model's with --model-path, where a
+    --group or --head-dim given too must agree with it (parser.error, exit 2, otherwise: a
+    silent choice of one would plan or measure a shape the user did not mean)."""
+    if model_path is None:
+        return groups, head_dims
+    try:
+        group, model_head_dims, said = model_shape(model_path)
+    except ValueError as error:
+        parser.error(f"argument --model-path: {error}")
+    if groups is not None and set(groups) != {group}:
+        parser.error(f"--group {' '.join(map(str, groups))} disagrees with --model-path {model_path} "
+                     f"({said}: GQA group {group}); give one of them")
+    if head_dims is not None and not set(head_dims) <= set(model_head_dims):
+        parser.error(f"--head-dim {' '.join(map(str, head_dims))} disagrees with --model-path {model_path} ({said})")
+    return [group], head_dims or model_head_dims
+
+
+def main(parser, args):
+    """The `probe` subcommand; parser and args from cli.py (or __main__ below). Returns the exit
+    status. The arguments are checked first, so a mistake is named on any machine."""
+    groups, head_dims = shape_from_arguments(parser, args.model_path, args.group, args.head_dim)
     reason = why_not_measurable()
     if reason:
         print(f"sglang-chunk-align probe: cannot measure here: {reason}", file=sys.stderr)
         return CANNOT_MEASURE
-    groups, head_dims = args.group, args.head_dim
-    if args.model_path:
-        groups, head_dims = shapes_from_model(args.model_path)
     facts, warning = facts_for(installed_flashinfer())
     if warning:
         print(f"WARNING: {warning}", file=sys.stderr)
     checked = []
-    for results in run_probe(groups, head_dims, decode=not args.no_decode):
+    for results in run_probe(groups or DEFAULT_GROUPS, head_dims or DEFAULT_HEAD_DIMS, decode=not args.no_decode):
         checked += verdicts(facts, results)
         _, status = summary(facts, checked)
         report = {"environment": environment(), "facts": facts.flashinfer, "facts_measured": facts.measured,
@@ -323,9 +351,11 @@ def main(args):
 
 
 def add_arguments(parser):
-    parser.add_argument("--group", type=int, nargs="+", default=[1, 4, 8], help="GQA groups to measure")
-    parser.add_argument("--head-dim", type=int, nargs="+", default=[128, 256], help="head_dims to measure")
-    parser.add_argument("--model-path", help="take the group and head_dims from this model's config.json")
+    parser.add_argument("--group", type=at_least(1), nargs="+", help="GQA groups to measure (default: the model's "
+                        f"with --model-path, else {' '.join(map(str, DEFAULT_GROUPS))})")
+    parser.add_argument("--head-dim", type=at_least(1), nargs="+", help="head_dims to measure (default: the model's "
+                        f"with --model-path, else {' '.join(map(str, DEFAULT_HEAD_DIMS))})")
+    parser.add_argument("--model-path", help="a local model folder: take the GQA group and head_dims from its config.json")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoded-rows case")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
     parser.add_argument("--out", help="also write the JSON report to this file")
@@ -336,4 +366,4 @@ if __name__ == "__main__":  # python -m sglang_chunk_align.probe: no CLI imports
 
     cli = argparse.ArgumentParser(prog="sglang-chunk-align probe")
     add_arguments(cli)
-    sys.exit(main(cli.parse_args()))
+    sys.exit(main(cli, cli.parse_args()))

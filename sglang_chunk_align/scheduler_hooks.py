@@ -287,9 +287,11 @@ def refuse_ray_schedulers(wrapped, instance, args, kwargs):
     server_args = kwargs.get("server_args", args[0] if args else None)
     if instance.__module__.startswith("sglang.srt.ray.") and _is_deterministic_flashinfer(server_args):
         raise RuntimeError(
-            "sglang-chunk-align is selected (SGLANG_PLUGINS), but SGLang's Ray scheduler actors never "
-            "load plugins, so it cannot align their prefill chunks. Refusing to start deterministic "
-            "flashinfer with Ray: launch without --use-ray / RayEngine, or drop chunk_align from SGLANG_PLUGINS."
+            "sglang-chunk-align is selected (SGLANG_PLUGINS), but SGLang's Ray scheduler actors (--use-ray, "
+            "RayEngine) never load plugins, so it cannot align their prefill chunks. Refusing to start "
+            "deterministic flashinfer on them: launch without --use-ray (an sglang.Engine inside a Ray actor "
+            "is fine: it starts its schedulers as processes, which load the plugin), or drop chunk_align "
+            "from SGLANG_PLUGINS."
         )
     return wrapped(*args, **kwargs)
 

@@ -57,9 +57,13 @@ infinite on the server) compares equal unchecked: both fail too. The baseline
 and the passes flush the servers' caches, so run verify where nobody else
 sends them requests.
 
+Before anything is sent, both servers must answer HTTP (GET /get_model_info,
+which changes nothing on them); where neither does, the error names both.
+
 Exit status: 0 when every request is identical, 1 on any difference or
 problem, 2 when a server cannot be reached or answers badly, or an argument is
-bad (one line on stderr).
+bad (one line on stderr; with --json also {"ok": false, "error": "..."} on
+stdout).
 
 --json prints one object with these keys:
   ok, server, reference (null without one), baseline ("reference" or "server"),
@@ -94,6 +98,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from .alignment import PREFILL_Q_TILE_TOKENS
+from .arguments import at_least
 
 WORKLOADS = ("mixed", "chat")
 TURNS = 4
@@ -116,26 +121,27 @@ class ServerError(Exception):
 
 def add_parser(commands):
     """The `verify` subcommand on cli.py's subparsers; returns it for run()."""
-    from .cli import _at_least  # the integer check plan's arguments use; cli is loaded by now
-
     verifier = commands.add_parser(
         "verify",
         help="compare a running server's logprobs with solo, cold requests",
         description="Send mixed and multi-turn chat workloads to a running SGLang server, sequentially and "
         "concurrently, and compare each request's input logprobs and greedy tokens bit for bit with the same "
-        "request sent alone after /flush_cache to --reference (or to --server itself).",
+        "request sent alone after /flush_cache to --reference (or to --server itself). "
+        "verify FLUSHES THE RADIX CACHE of --server before each pass and of the baseline server before each "
+        "cold request: point it only at servers nobody else uses (a live rollout server loses its cache).",
         epilog="Exit status: 0 every request identical; 1 a difference, or a chat pass without radix hits; "
-        "2 a server unreachable or answering badly, or a bad argument.",
+        "2 a server unreachable or answering badly, or a bad argument (with --json also "
+        '{"ok": false, "error": "..."} on stdout).',
     )
     verifier.add_argument("--server", type=_url, required=True, help="URL of the server under test")
     verifier.add_argument("--reference", type=_url, help="URL of a reference server (chunked prefill off)")
     verifier.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all", help="default all")
-    verifier.add_argument("--prompts", type=_at_least(1), default=32, help="requests per workload (default 32)")
-    verifier.add_argument("--concurrency", type=_at_least(1), default=8, help="requests in flight in the concurrent pass (default 8)")
+    verifier.add_argument("--prompts", type=at_least(1), default=32, help="requests per workload (default 32)")
+    verifier.add_argument("--concurrency", type=at_least(1), default=8, help="requests in flight in the concurrent pass (default 8)")
     verifier.add_argument("--seed", type=int, default=0, help="seed of the workloads")
-    verifier.add_argument("--max-new-tokens", type=_at_least(1), default=8, help="greedy tokens generated per request (default 8)")
+    verifier.add_argument("--max-new-tokens", type=at_least(1), default=8, help="greedy tokens generated per request (default 8)")
     verifier.add_argument("--input-ids", action="store_true", help="send token ids (servers with --skip-tokenizer-init)")
-    verifier.add_argument("--vocab-size", type=_at_least(1), help="with --input-ids: the model's vocab_size; ids are drawn below it")
+    verifier.add_argument("--vocab-size", type=at_least(1), help="with --input-ids: the model's vocab_size; ids are drawn below it")
     verifier.add_argument("--no-radix", action="store_true", help="the server runs without a radix cache: chat need not hit it")
     verifier.add_argument(
         "--baseline-cache", metavar="FILE",
@@ -166,6 +172,18 @@ def _seconds(text):
     return value
 
 
+def report_errors_as_json(*parsers):
+    """With --json, a bad argument (argparse's exit 2) is also a JSON report on stdout, as a
+    failure to run is (run), so a script reading the report reads every outcome."""
+    for parser in parsers:
+
+        def error(message, usage_error=parser.error):
+            print(json.dumps({"ok": False, "error": message}))
+            usage_error(message)
+
+        parser.error = error
+
+
 def run(verifier, args):
     if args.input_ids != (args.vocab_size is not None):
         verifier.error("--input-ids and --vocab-size go together: token ids are drawn below the vocab size")
@@ -189,6 +207,7 @@ def run(verifier, args):
     names = WORKLOADS if args.workload == "all" else (args.workload,)
     progress = Progress(enabled=not args.json and sys.stderr.isatty())
     try:
+        check_reachable({"server": server, "reference": baseline} if args.reference else {"server": server})
         for name in names:
             conversations = BUILDERS[name](random.Random(f"{args.seed}:{name}"), args.prompts, prompts)
             report["workloads"][name] = check_workload(
@@ -197,6 +216,8 @@ def run(verifier, args):
     except ServerError as error:
         progress.clear()
         print(f"sglang-chunk-align verify: {error}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"ok": False, "error": str(error)}))
         return 2
     report["ok"] = not report["problems"] and all(
         p["identical"] == p["requests"] for w in report["workloads"].values() for p in w["passes"].values()
@@ -317,6 +338,18 @@ class Answer:
     cached_tokens: int
 
 
+def check_reachable(servers):
+    """Raise one ServerError naming every server ({role: Server}) that does not answer HTTP at all."""
+    unreachable = []
+    for role, server in servers.items():
+        try:
+            server.reach()
+        except ServerError as error:
+            unreachable.append(f"{role} {error}")
+    if unreachable:
+        raise ServerError("; ".join(unreachable))
+
+
 class Server:
     """One SGLang server's /generate and /flush_cache, every call under a timeout."""
 
@@ -331,7 +364,7 @@ class Server:
             "return_logprob": True,
             "logprob_start_len": request.logprob_start_len,
         }
-        status, reply = self._post("/generate", json.dumps(body).encode())
+        status, reply = self._request("/generate", json.dumps(body).encode())
         if status != 200:
             raise ServerError(f"{self.url}/generate: HTTP {status}: {_error_text(reply)}")
         try:
@@ -358,14 +391,20 @@ class Server:
         """Empty the radix cache. SGLang refuses while requests run; 0.5.23 waits up to ?timeout for idle."""
         deadline = time.monotonic() + FLUSH_WAIT_S
         while True:
-            status, reply = self._post(f"/flush_cache?timeout={min(FLUSH_WAIT_S, self.timeout / 2)}", b"")
+            status, reply = self._request(f"/flush_cache?timeout={min(FLUSH_WAIT_S, self.timeout / 2)}", b"")
             if status == 200:
                 return
             if time.monotonic() > deadline:
                 raise ServerError(f"{self.url}/flush_cache: HTTP {status}: {_error_text(reply)}")
             time.sleep(0.2)
 
-    def _post(self, path, data):
+    def reach(self):
+        """Raise ServerError unless the server answers HTTP; any status will do. /get_model_info
+        (every SGLang release has it) changes nothing: /health would run a generate request."""
+        self._request("/get_model_info", None)
+
+    def _request(self, path, data):
+        """(status, body) of a POST of `data`, or a GET where `data` is None."""
         request = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:

@@ -13,10 +13,11 @@ from packaging.version import Version
 from sglang_chunk_align import patch_table, patches, releases
 from sglang_chunk_align.alignment import chunk_size_error
 from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, sglang_at_least, switch_refusals
-from sglang_chunk_align.kernel_facts import MEASURED_SHAPES, installed_facts
+from sglang_chunk_align.kernel_facts import FACTS, facts_for, installed_facts, installed_flashinfer
 from sglang_chunk_align.standins import scheduler_alignment
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MODELS = EXAMPLES.parent / "benchmarks" / "models"
 # Hides the installed SGLang from a fresh interpreter (its metadata and its import), and
 # with ray=True makes `ray` look installed, so doctor runs as on a machine without/with them.
 HIDE = """
@@ -70,7 +71,7 @@ def test_doctor_reports_a_working_install():
     assert report["backends"]["FlashInferAttnBackend"] == 128
     facts = installed_facts()  # SGLang 0.5.23 pins flashinfer 0.7.2 (measured), 0.5.22 0.7.1 (not)
     assert report["kernel_facts"] == {"flashinfer": facts.flashinfer, "measured": facts.measured,
-                                      "summary": facts.describe(), "shapes": MEASURED_SHAPES}
+                                      "summary": facts.describe(), "shapes": facts.describe_shapes()}
     assert any("its fa2 kernel facts were not measured" in w for w in report["warnings"]) == (not facts.measured)
     assert report["backends"]["FlashInferMLAAttnBackend"] is None
     assert report["backends"]["TboAttnBackend"] == 128
@@ -95,7 +96,7 @@ def test_doctor_fails_on_an_invalid_environment(fresh_python):
     assert {"  SGLANG_CHUNK_ALIGN_RULES=1", "  SGLANG_CHUNK_ALIGN_RADIX_CACHE=0",
             "  SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='yes' (invalid)"} <= set(lines[:problem])
     assert (
-        f"  kernel facts         {installed_facts().describe()}; measured at {MEASURED_SHAPES}; "
+        f"  kernel facts         {installed_facts().describe()}; measured at {installed_facts().describe_shapes()}; "
         "plan --group --head-dim warns on others"
     ) in lines
     assert lines[-1] == "NOT OK: 1 PROBLEM line(s) above"
@@ -165,8 +166,64 @@ def test_doctor_without_sglang_and_with_a_bad_switch_names_both(fresh_python):
 
 def test_doctor_warns_that_ray_schedulers_do_not_load_the_plugin(fresh_python):
     result = fresh_python(HIDE.format(ray=True))
-    assert "WARNING: Ray is installed: SGLang's Ray scheduler actors" in result.stdout
-    assert "never load plugins" in result.stdout
+    assert "WARNING: Ray is installed: SGLang's Ray scheduler actors (--use-ray, RayEngine) never load plugins" \
+        in result.stdout
+    assert "An sglang.Engine inside a Ray actor is fine" in result.stdout
+
+
+def _installed_plugins():
+    return sorted({ep.name for ep in metadata.entry_points(group="sglang.srt.plugins")})
+
+
+@pytest.mark.parametrize(
+    "value", [None, "", "chunk_align", "chunk_align,smg-zmq", " chunk_align , smg-servicer ,", ",", "none", "chunk-align"]
+)
+def test_plugin_selection_is_what_sglangs_own_loader_loads(monkeypatch, value):
+    """Against SGLang's load_plugins_by_group and the installed entry points (chunk_align, and
+    smg-grpc-servicer's smg-servicer and smg-zmq where SGLang installed it)."""
+    from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
+
+    from sglang_chunk_align.cli import PLUGINS_GROUP, plugin_selection
+
+    assert PLUGINS_GROUP == GENERAL_PLUGINS_GROUP
+    if value is None:
+        monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_PLUGINS", value)
+    loaded = sorted(load_plugins_by_group(GENERAL_PLUGINS_GROUP))
+    selection = plugin_selection(value)
+    assert "chunk_align" in selection["installed"] and sorted(selection["installed"]) == _installed_plugins()
+    assert selection["loaded"] == loaded
+    assert selection["skipped"] == sorted(set(_installed_plugins()) - set(loaded))
+    if selection["skipped"]:  # the value it suggests loads every plugin the current one names or skips
+        monkeypatch.setenv("SGLANG_PLUGINS", selection["keep"])
+        assert sorted(load_plugins_by_group(GENERAL_PLUGINS_GROUP)) == sorted({*loaded, *selection["skipped"]})
+
+
+def test_doctor_lists_the_plugins_sglang_plugins_skips_and_how_to_keep_them(monkeypatch):
+    others = [name for name in _installed_plugins() if name != "chunk_align"]
+    report = json.loads(_cli("doctor", "--json", SGLANG_PLUGINS="chunk_align").stdout)
+    assert report["plugins"]["loaded"] == ["chunk_align"] and report["plugins"]["skipped"] == others
+    warned = [w for w in report["warnings"] if w.startswith("SGLANG_PLUGINS=")]
+    if others:  # SGLang 0.5.23 installs smg-grpc-servicer, whose plugins this skips
+        keep = ",".join(["chunk_align", *others])
+        named = ", ".join(f"{name} ({report['plugins']['installed'][name]})" for name in others)
+        assert report["plugins"]["keep"] == keep
+        assert warned == [f"SGLANG_PLUGINS='chunk_align' makes SGLang skip the installed plugin{'s' * (len(others) > 1)} "
+                          f"{named}. To keep {'them' if len(others) > 1 else 'it'}: SGLANG_PLUGINS={keep} "
+                          "(or leave SGLANG_PLUGINS unset: every installed plugin loads)."]
+    else:
+        assert warned == [] and report["plugins"]["keep"] is None
+    text = _cli("doctor", SGLANG_PLUGINS="none").stdout.splitlines()
+    assert f"  SGLANG_PLUGINS       'none': SGLang loads no plugin; skips {', '.join(_installed_plugins())}; " \
+        "no installed plugin is named none" in text
+    stock = [line for line in text if line.startswith("WARNING: SGLANG_PLUGINS='none'")]
+    assert len(stock) == 1 and "chunk_align is among them: SGLang runs stock." in stock[0]
+    assert f"To keep them: SGLANG_PLUGINS={','.join(_installed_plugins())} " in stock[0] or len(_installed_plugins()) == 1
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    unset = _cli("doctor").stdout
+    assert f"  SGLANG_PLUGINS       unset: SGLang loads every installed plugin ({', '.join(_installed_plugins())})" in unset
+    assert "WARNING: SGLANG_PLUGINS" not in unset
 
 
 def test_version():
@@ -215,23 +272,41 @@ def test_plan_command_bounds_the_prompt_length():
 
 
 @pytest.mark.parametrize(
-    "shape, warned",
-    [((), False), (("--group", "3", "--head-dim", "64"), False), (("--group", "8", "--head-dim", "256"), False),
-     (("--group", "6"), "GQA group 6"), (("--group", "16"), "GQA group 16"),
-     (("--head-dim", "96"), "head_dim 96"), (("--group", "12", "--head-dim", "48"), "GQA group 12 and head_dim 48")],
+    "flashinfer, shape, warned",
+    [("0.7.2", (), None), ("0.7.2", ("--group", "8", "--head-dim", "512"), None), ("0.7.2", ("--group", "16"), None),
+     ("0.7.2", ("--group", "2", "--head-dim", "512"), "GQA group 2 at head_dim 512"),
+     ("0.7.2", ("--group", "16", "--head-dim", "256"), "GQA group 16 at head_dim 256"),
+     ("0.7.2", ("--group", "6"), "GQA group 6"), ("0.7.2", ("--head-dim", "96"), "head_dim 96"),
+     ("0.7.2", ("--group", "3", "--head-dim", "64"), "GQA group 3 and head_dim 64"),
+     ("0.7.4", ("--group", "2", "--head-dim", "256"), None),
+     ("0.7.4", ("--group", "4", "--head-dim", "512"), "head_dim 512"),  # measured on 0.7.2 only
+     ("0.7.4", ("--group", "2", "--head-dim", "128"), "GQA group 2 at head_dim 128"),
+     ("0.7.9", ("--group", "6", "--head-dim", "96"), None)],  # unmeasured: the release's own WARNING says it
 )
-def test_plan_command_says_which_shapes_the_kernel_facts_cover(shape, warned):
-    text = _cli("plan", "--prompt-len", "300", "--chunk", "128", *shape)
+def test_plan_command_says_which_shapes_the_kernel_facts_of_its_release_cover(flashinfer, shape, warned):
+    facts = facts_for(flashinfer)[0]
+    args = ("plan", "--prompt-len", "300", "--chunk", "128", "--flashinfer", flashinfer, *shape)
+    text = _cli(*args)
     assert text.returncode == 0, text.stderr
-    assert text.stdout.startswith(f"{installed_facts().describe()}; measured at {MEASURED_SHAPES}\n")
+    assert text.stdout.startswith(f"{facts.describe()}; measured at {facts.describe_shapes()}\n")
     assert ("WARNING: " in text.stdout) == bool(warned)
-    report = json.loads(_cli("plan", "--prompt-len", "300", "--chunk", "128", "--json", *shape).stdout)
+    report = json.loads(_cli(*args, "--json").stdout)
     if warned:
-        assert text.stdout.splitlines()[1] == f"WARNING: {warned}: not measured; the kernel facts cover {MEASURED_SHAPES}, " \
-            "so bit-exactness here is the rules' arithmetic, unchecked on a GPU"
+        assert text.stdout.splitlines()[1] == (
+            f"WARNING: {warned}: not measured on flashinfer {flashinfer}, whose kernel facts were measured at "
+            f"{facts.describe_shapes()}, so bit-exactness here is the rules' arithmetic, unchecked on a GPU"
+        )
         assert report["warnings"] == [text.stdout.splitlines()[1].removeprefix("WARNING: ")]
     else:
         assert report["warnings"] == []
+
+
+def test_the_readme_states_each_releases_measured_shapes_as_the_kernel_facts_hold_them():
+    """kernel_facts.py is the one source; the README repeats it, release by release."""
+    readme = " ".join((EXAMPLES.parent / "README.md").read_text().split())
+    for release, facts in FACTS.items():
+        assert f"flashinfer {release}: {facts.describe_shapes()}" in readme, release
+    assert "not measured yet" not in readme
 
 
 def test_plan_command_counts_one_chunk():
@@ -272,6 +347,15 @@ def test_plan_command_shows_the_rules_of_a_flashinfer_release_not_installed():
         (["--cached", "-1"], "argument --cached: '-1' is not an integer >= 0"),
         (["--cached", "100"], "--cached 100 must be below --prompt-len 100"),
         (["--cached", "101"], "--cached 101 must be below --prompt-len 100"),
+        (["--flashinfer", "banana"], "argument --flashinfer: 'banana' is not a flashinfer release such as 0.7.2"),
+        (["--flashinfer", "0.7.x"], "argument --flashinfer: '0.7.x' is not a flashinfer release such as 0.7.2"),
+        (["--model-path", "/nonexistent"],
+         "argument --model-path: '/nonexistent' has no readable config.json (No such file or directory)"),
+        (["--model-path", str(MODELS / "qwen3-8b"), "--group", "8"],
+         f"--group 8 disagrees with --model-path {MODELS / 'qwen3-8b'} (32 attention heads / 8 KV heads, "
+         "head_dim 128: GQA group 4); give one of them"),
+        (["--model-path", str(MODELS / "qwen3-8b"), "--head-dim", "256"],
+         f"--head-dim 256 disagrees with --model-path {MODELS / 'qwen3-8b'} (32 attention heads / 8 KV heads, head_dim 128)"),
     ],
 )
 def test_plan_command_names_the_one_bad_argument(args, bad):
@@ -279,6 +363,50 @@ def test_plan_command_names_the_one_bad_argument(args, bad):
     assert result.returncode == 2
     assert f"sglang-chunk-align plan: error: {bad}" in result.stderr
     assert "usage: sglang-chunk-align plan" in result.stderr
+
+
+@pytest.mark.parametrize("model, shape", [("qwen3-8b", ("--group", "4", "--head-dim", "128")),
+                                          ("gemma-2b", ("--group", "8", "--head-dim", "256"))])
+def test_plan_command_takes_the_shape_from_a_model_config(model, shape):
+    """--model-path plans exactly as the group and head_dim of the model's config.json; giving
+    them too, where they agree, changes nothing."""
+    args = ("plan", "--prompt-len", "2500", "--cached", "1000", "--chunk", "256", "--json")
+    given = _cli(*args, *shape)
+    assert given.returncode == 0, given.stderr
+    assert _cli(*args).stdout != given.stdout  # the shape matters to this plan
+    for extra in ((), shape):
+        from_model = _cli(*args, "--model-path", str(MODELS / model), *extra)
+        assert from_model.returncode == 0, from_model.stderr
+        assert from_model.stdout == given.stdout
+
+
+def test_plan_command_asks_which_head_dim_of_a_model_with_two(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512}))
+    args = ("plan", "--prompt-len", "300", "--chunk", "128", "--model-path", str(tmp_path))
+    refused = _cli(*args)
+    assert refused.returncode == 2
+    assert (f"--model-path {tmp_path} uses head_dim 256 and 512: give --head-dim, the one its flashinfer prefill "
+            "is planned with") in refused.stderr
+    chosen = _cli(*args, "--head-dim", "512", "--json")
+    assert chosen.returncode == 0, chosen.stderr
+    assert chosen.stdout == _cli("plan", "--prompt-len", "300", "--chunk", "128", "--group", "2", "--head-dim", "512",
+                                 "--json").stdout
+
+
+def test_plan_help_shows_every_default():
+    text = " ".join(_cli("plan", "--help").stdout.split())
+    for default in ("--cached CACHED radix-cache hit length in tokens (default 0)",
+                    "(default: the model's with --model-path, else 1: the coarsest grid, safe for every model)",
+                    "(default: the model's with --model-path, else unknown: tiles compared at every head_dim)",
+                    "take the GQA group and head_dim from its config.json",
+                    f"(default: the installed one, {installed_flashinfer() or 'none installed'})"):
+        assert default in text
+
+
+def test_plan_command_reads_a_flashinfer_release_as_its_metadata_spells_it():
+    args = ("plan", "--prompt-len", "2500", "--chunk", "192", "--group", "4", "--json")
+    assert _cli(*args, "--flashinfer", "v0.7.4").stdout == _cli(*args, "--flashinfer", "0.7.4").stdout != ""
 
 
 @pytest.mark.parametrize(

@@ -174,14 +174,17 @@ def test_failure_guard_lets_other_configurations_start():
 
 def test_ray_schedulers_are_refused_under_deterministic_flashinfer(plugin):
     """Ray's scheduler actors never load plugins; RayEngine (which needs ray) is stood in for by a
-    subclass that lives where it does."""
+    subclass that lives where it does. The plain Engine, which an RL framework builds inside a Ray
+    actor and which starts its schedulers as processes that load the plugin, is not refused."""
     from sglang.srt.entrypoints.engine import Engine
 
     ray_engine = type("RayEngine", (Engine,), {"__module__": "sglang.srt.ray.engine"})
     with published(deterministic=True) as server_args:
-        with pytest.raises(RuntimeError, match="Ray scheduler actors never load plugins"):
+        with pytest.raises(RuntimeError, match=r"Ray scheduler actors \(--use-ray, RayEngine\) never load plugins") as refused:
             ray_engine._launch_subprocesses(server_args, None, None, None)
-    with published(deterministic=False) as server_args:
-        with pytest.raises(Exception) as stock_ran:  # stock goes on, and fails on the missing launchers
-            ray_engine._launch_subprocesses(server_args, None, None, None)
-        assert "Ray scheduler actors" not in str(stock_ran.value)
+        assert "launch without --use-ray (an sglang.Engine inside a Ray actor is fine" in str(refused.value)
+    for engine, deterministic in ((ray_engine, False), (Engine, True)):
+        with published(deterministic=deterministic) as server_args:
+            with pytest.raises(Exception) as stock_ran:  # stock goes on, and fails on the missing launchers
+                engine._launch_subprocesses(server_args, None, None, None)
+            assert "Ray scheduler actors" not in str(stock_ran.value)

@@ -270,6 +270,60 @@ def test_sglang_serve_applies_the_plugin_in_its_process(fresh_python):
     assert lines[-1] == "plugin: applied"
 
 
+# What a framework that hosts sglang.Engine in a Ray actor runs in that actor's process: the Engine
+# starts each scheduler as a spawned process (Engine._launch_scheduler_processes,
+# mp.Process(target=run_scheduler_process_func) under the spawn method _set_envs_and_config sets),
+# and run_scheduler_process (sglang/srt/managers/scheduler.py) calls load_plugins() first.
+ENGINE_SCHEDULER_SCRIPT = r'''
+import json
+import multiprocessing
+from sglang.srt.entrypoints.engine import Engine
+from sglang_chunk_align import patches
+
+
+class FirstRead:
+    """Stands in for ServerArgs in the scheduler process (real ones go on to load a model on a GPU):
+    the first read of it reports what the plugin did in that process by then, and ends the process."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # pickle's lookups
+            raise AttributeError(name)
+        print("scheduler process:", patches.state(), json.dumps(sorted(patches.installed_names())), flush=True)
+        raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    multiprocessing.set_start_method("spawn")
+    scheduler = multiprocessing.Process(
+        target=Engine.run_scheduler_process_func, args=(FirstRead(), None, 0, 0, 0, None, None)
+    )
+    scheduler.start()
+    scheduler.join()
+    print("engine process:", patches.state(), "scheduler exit", scheduler.exitcode)
+'''
+
+
+def test_a_scheduler_process_an_engine_spawns_loads_the_plugin_itself(tmp_path):
+    """Why an sglang.Engine inside a Ray actor gets the plugin (README, "Ray"): its schedulers are
+    processes that load it through the entry point, before they read their arguments, whatever the
+    process that spawned them did. The spawning process here never loads plugins."""
+    from sglang.srt.entrypoints.engine import Engine
+    from sglang.srt.managers.scheduler import run_scheduler_process
+
+    assert Engine.run_scheduler_process_func is run_scheduler_process
+    script = tmp_path / "engine_process.py"  # a file: spawn re-imports the main module for FirstRead
+    script.write_text(ENGINE_SCHEDULER_SCRIPT)
+    env = {**os.environ, "SGLANG_PLUGINS": "chunk_align"}
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    scheduler, engine = result.stdout.splitlines()[-2:]
+    assert engine == "engine process: stock scheduler exit 0"
+    state, installed = scheduler.removeprefix("scheduler process: ").split(" ", 1)
+    # Applied, and patched lazily: the points of the modules imported by then, the scheduler's among them.
+    scheduler_points = {p.name for p in _release_points() if p.module == "sglang.srt.managers.scheduler"}
+    assert state == "applied" and scheduler_points <= set(json.loads(installed)) <= set(_all_points())
+
+
 def test_sglang_serve_reports_a_bad_switch_once_with_its_remedy(reported_once):
     """`sglang serve` (SGLang's console script) calls load_plugins() in its own process; the plugin
     reports there, once. SERVE_ARGS makes serve fail right after that, with SGLang's own error."""

@@ -4,6 +4,7 @@ the measurements are the recorded ones (tests/gpu/evidence)."""
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -85,17 +86,58 @@ def test_unmeasured_release_is_checked_against_the_strictest_facts():
     assert "flashinfer 0.7.9" in warning and "sglang-chunk-align probe" in warning
 
 
+MODELS = pathlib.Path(__file__).parent.parent / "benchmarks" / "models"
+
+
 def test_model_config_gives_the_shapes(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {
         "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512}}))
-    assert probe.shapes_from_model(tmp_path) == ([4], [256, 512])
+    assert probe.model_shape(tmp_path) == (4, [256, 512], "32 attention heads / 8 KV heads, head_dim 256 and 512")
+    # Gemma-2B: 8 heads on 1 KV head; Granite-3.1-8B gives no head_dim: hidden_size / heads.
+    assert probe.model_shape(MODELS / "gemma-2b")[:2] == (8, [256])
+    assert probe.model_shape(MODELS / "granite-3.1-8b")[:2] == (4, [128])
 
 
-@pytest.mark.parametrize("command", [["sglang_chunk_align.probe"], ["sglang_chunk_align.cli", "probe", "--group", "4"]])
+@pytest.mark.parametrize(
+    "config, says",
+    [(None, "has no readable config.json (No such file or directory)"), ("{", "(JSONDecodeError"),
+     ({"num_key_value_heads": 8}, "gives no attention heads and head_dim (KeyError: 'num_attention_heads')"),
+     ({"num_attention_heads": 32, "num_key_value_heads": 6, "head_dim": 128}, "32 attention heads / 6 KV heads"),
+     ({"num_attention_heads": 32, "head_dim": -128}, "are no GQA shape")],
+)
+def test_a_model_config_without_a_gqa_shape_is_named(tmp_path, config, says):
+    if config is not None:
+        (tmp_path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    with pytest.raises(ValueError, match=re.escape(says)):
+        probe.model_shape(tmp_path)
+
+
+@pytest.mark.parametrize("command", [["sglang_chunk_align.probe"], ["sglang_chunk_align.cli", "probe", "--group", "4"],
+                                     ["sglang_chunk_align.cli", "probe", "--model-path", str(MODELS / "gemma-2b")]])
 def test_without_a_gpu_it_exits_2_with_one_line(command):
     run = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True)
     assert run.returncode == probe.CANNOT_MEASURE == 2
     assert run.stderr.count("\n") == 1 and "cannot measure here" in run.stderr
+
+
+@pytest.mark.parametrize("prog", [["sglang_chunk_align.probe"], ["sglang_chunk_align.cli", "probe"]])
+@pytest.mark.parametrize(
+    "args, bad",
+    [(["--group", "0"], "argument --group: '0' is not an integer >= 1"),
+     (["--head-dim", "128", "x"], "argument --head-dim: 'x' is not an integer >= 1"),
+     (["--model-path", "/nonexistent"],
+      "argument --model-path: '/nonexistent' has no readable config.json (No such file or directory)"),
+     (["--model-path", str(MODELS / "gemma-2b"), "--group", "4"],
+      f"--group 4 disagrees with --model-path {MODELS / 'gemma-2b'} (8 attention heads / 1 KV heads, head_dim 256: "
+      "GQA group 8)"),
+     (["--model-path", str(MODELS / "gemma-2b"), "--head-dim", "128"],
+      f"--head-dim 128 disagrees with --model-path {MODELS / 'gemma-2b'} (8 attention heads / 1 KV heads, head_dim 256)")],
+)
+def test_a_bad_argument_is_named_before_the_gpu_is_looked_for(prog, args, bad):
+    """On a machine without CUDA the mistake is what the user hears of, not the missing GPU."""
+    run = subprocess.run([sys.executable, "-m", *prog, *args], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert f"sglang-chunk-align probe: error: {bad}" in run.stderr and "cannot measure" not in run.stderr
 
 
 def test_a_start_on_fa2s_own_smaller_tile_is_exact():
@@ -113,6 +155,32 @@ def test_every_measured_fact_cites_a_recorded_run_in_the_repository():
         sources = [source for _, _, source in facts.evidence if source]
         assert sources and all((root / source).is_file() for source in sources), facts.flashinfer
         assert all(not source.startswith(("/", "..")) for source in sources)
+
+
+def _shapes_in_recorded_runs(facts):
+    """(GQA group, head_dim) of every result row in the JSON runs `facts` cite: probe rows name
+    group and head_dim (or d); the rule runs a cfg of q heads / KV heads / head_dim."""
+    root = pathlib.Path(__file__).parent.parent
+    shapes = set()
+    for _, _, source in facts.evidence:
+        if not source.endswith(".json"):
+            continue
+        doc = json.loads((root / source).read_text())
+        for row in doc.get("results") or doc.get("rows"):
+            if "cfg" in row:
+                q_heads, kv_heads, head_dim = map(int, row["cfg"].split("/"))
+                shapes.add((q_heads // kv_heads, head_dim))
+            elif "group" in row:
+                shapes.add((row["group"], row.get("head_dim", row.get("d"))))
+    return shapes
+
+
+@pytest.mark.parametrize("facts", [FI072, FI074], ids=lambda f: f.flashinfer)
+def test_the_measured_shapes_are_those_of_the_recorded_runs(facts):
+    """What plan and doctor call measured, per release, is what its cited runs measured: no more
+    (0.7.4 never ran head_dim 512), no less."""
+    claimed = {(group, head_dim) for head_dim, groups in facts.measured_shapes for group in groups}
+    assert claimed == _shapes_in_recorded_runs(facts)
 
 
 @pytest.mark.parametrize("run, holds", [

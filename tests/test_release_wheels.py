@@ -251,6 +251,23 @@ def test_every_release_point_fits_the_release(release):
     assert not problems, f"SGLang {release}:\n" + "\n".join(problems)
 
 
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_release_loads_plugins_first_in_each_scheduler_process(release):
+    """Why an sglang.Engine inside a Ray actor runs the plugin on every release (README, "Ray"): the
+    Engine starts each scheduler process with run_scheduler_process (run_scheduler_process_func),
+    whose first statement is SGLang's load_plugins(). tests/test_loading.py runs it on the installed one."""
+    wheel = release_wheel(release)
+    scheduler = wheel.bindings("sglang.srt.managers.scheduler")
+    run = scheduler["run_scheduler_process"]
+    first = next(n for n in run.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)))
+    assert ast.unparse(first) == "load_plugins()"
+    assert scheduler["load_plugins"].module == "sglang.srt.plugins"
+    engine = wheel.bindings("sglang.srt.entrypoints.engine")["Engine"]
+    assert "run_scheduler_process_func: Callable = staticmethod(run_scheduler_process)" in [
+        ast.unparse(n) for n in engine.body if isinstance(n, ast.AnnAssign)
+    ]
+
+
 def _wrong(kind, target, value, module="sglang.srt.managers.scheduler"):
     return kind(module, target, value, "deliberately wrong", ">=0")
 

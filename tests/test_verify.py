@@ -74,6 +74,8 @@ class StandIn(ThreadingHTTPServer):
         self.cache = []  # token sequences whose KV is kept
         self.in_flight = []
         self.bodies = []
+        self.gets = []
+        self.flushes = 0
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
 
     def generate(self, body):
@@ -128,6 +130,7 @@ class StandIn(ThreadingHTTPServer):
 
     def flush(self):
         with self.lock:
+            self.flushes += 1
             if self.busy_flushes or self.in_flight:
                 self.busy_flushes = max(0, self.busy_flushes - 1)
                 return 400, "Cache not flushed because there are pending requests."
@@ -153,6 +156,14 @@ def _logprob(seq, i):
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
+
+    def do_GET(self):
+        """SGLang's /get_model_info (verify's reachability check); recorded, so a test sees it came first."""
+        with self.server.lock:
+            self.server.gets.append(self.path)
+        if self.path != "/get_model_info":
+            return self._send(404, b"not found", "text/plain")
+        self._send(200, json.dumps({"model_path": "stand-in", "is_generation": True}).encode(), "application/json")
 
     def do_POST(self):
         server = self.server
@@ -462,16 +473,88 @@ def test_an_aborted_request_is_one_line_not_a_comparison(capsys, standin):
     assert err == f"sglang-chunk-align verify: {server.url}/generate: request aborted: aborted by the test\n"
 
 
-def test_an_unreachable_server_is_one_line_from_the_command(standin):
-    with socket.socket() as closed:
+@pytest.fixture
+def closed_url():
+    """closed_url() -> the URL of a port bound but never listening: connections are refused."""
+    sockets = []
+
+    def url():
+        closed = socket.socket()
         closed.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening: refused
-        for args in (["--server", url], ["--server", standin().url, "--reference", url]):
-            result = _python("verify", *args, "--prompts", "1")
-            assert result.returncode == 2
-            assert result.stdout == ""
-            assert result.stderr.startswith(f"sglang-chunk-align verify: {url}/flush_cache: ")
-            assert "Connection refused" in result.stderr and len(result.stderr.splitlines()) == 1
+        sockets.append(closed)
+        return f"http://127.0.0.1:{closed.getsockname()[1]}"
+
+    yield url
+    for closed in sockets:
+        closed.close()
+
+
+def test_an_unreachable_server_is_one_line_from_the_command(standin, closed_url):
+    url = closed_url()
+    for args, role in ((["--server", url], "server"), (["--server", standin().url, "--reference", url], "reference")):
+        result = _python("verify", *args, "--prompts", "1")
+        assert result.returncode == 2
+        assert result.stdout == ""
+        assert result.stderr.startswith(f"sglang-chunk-align verify: {role} {url}/get_model_info: ")
+        assert "Connection refused" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_both_servers_down_are_both_named(capsys, closed_url):
+    server, reference = closed_url(), closed_url()
+    code, out, err = run_verify(capsys, "--server", server, "--reference", reference)
+    assert (code, out) == (2, "")
+    named = err.removeprefix("sglang-chunk-align verify: ").rstrip("\n").split("; ")
+    assert [line.split(": ")[0] for line in named] == [f"server {server}/get_model_info", f"reference {reference}/get_model_info"]
+    assert all("Connection refused" in line for line in named)
+
+
+def test_a_reference_that_is_down_stops_verify_before_the_server_is_touched(capsys, standin, closed_url):
+    """Found before the passes, not after them: nothing is sent to (or flushed on) the server under test."""
+    server, reference = standin(), closed_url()
+    code, _, err = run_verify(capsys, "--server", server.url, "--reference", reference, *FAST, *IDS)
+    assert code == 2 and err.startswith(f"sglang-chunk-align verify: reference {reference}/get_model_info: ")
+    assert (server.gets, server.flushes, server.bodies) == (["/get_model_info"], 0, [])
+
+
+def test_the_reachability_check_comes_first_and_changes_nothing(capsys, standin):
+    server, reference = standin(), standin()
+    assert run_verify(capsys, "--server", server.url, "--reference", reference.url, *FAST, *IDS)[0] == 0
+    assert server.gets == reference.gets == ["/get_model_info"]  # GET, once, before any /flush_cache or /generate
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["both down", "reference down", "text to a server without a tokenizer", "a bad argument", "an unknown argument",
+     "ids without a vocab size"],
+)
+def test_with_json_an_error_is_a_json_report_on_stdout_too(capsys, standin, closed_url, case):
+    """Exit 2 (no report could be made) reads {"ok": false, "error": ...} on stdout, the line on stderr stays."""
+    down, up = closed_url(), standin(skip_tokenizer_init=True).url
+    args = {
+        "both down": ["--server", down, "--reference", closed_url()],
+        "reference down": ["--server", up, "--reference", down, *IDS],
+        "text to a server without a tokenizer": ["--server", up, *FAST],
+        "a bad argument": ["--server", up, "--prompts", "0"],
+        "an unknown argument": ["--server", up, "--prompt", "8"],
+        "ids without a vocab size": ["--server", up, "--input-ids"],
+    }[case]
+    with pytest.raises(SystemExit) as exit:
+        sys.exit(main(["verify", *args, "--json"]))
+    out, err = capsys.readouterr()
+    assert exit.value.code == 2
+    report = json.loads(out)
+    assert list(report) == ["ok", "error"] and report["ok"] is False
+    assert report["error"] and report["error"] in err
+    if case == "both down":
+        assert down in report["error"] and report["error"].count("Connection refused") == 2
+
+
+def test_help_says_verify_flushes_the_servers_caches(capsys):
+    with pytest.raises(SystemExit):
+        main(["verify", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "verify FLUSHES THE RADIX CACHE of --server before each pass and of the baseline server before each cold " \
+        "request: point it only at servers nobody else uses (a live rollout server loses its cache)." in text
 
 
 @pytest.mark.parametrize(
