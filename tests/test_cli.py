@@ -425,3 +425,16 @@ def test_launch_server_adds_chunk_align_to_the_plugins(tmp_path, plugins, expect
     result = subprocess.run(["bash", str(EXAMPLES / "launch_server.sh")], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"{expected} serve"
+
+
+def test_launch_server_starts_verifys_reference_as_stock_unchunked_without_radix(tmp_path):
+    """REFERENCE=1: no plugin of ours (SGLANG_PLUGINS=none), chunked prefill off, radix cache off."""
+    (tmp_path / "sglang").write_text('#!/bin/sh\necho "$SGLANG_PLUGINS $*"\n')
+    (tmp_path / "sglang").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "REFERENCE": "1", "SGLANG_PLUGINS": "chunk_align"}
+    result = subprocess.run(["bash", str(EXAMPLES / "launch_server.sh"), "--tp", "2"], env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    words = result.stdout.split()
+    assert words[:2] == ["none", "serve"] and "--enable-deterministic-inference" in words
+    assert " --chunked-prefill-size -1 --disable-radix-cache --tp 2" in result.stdout
