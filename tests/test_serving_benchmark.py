@@ -149,3 +149,20 @@ def test_the_readme_tables_are_the_recorded_runs_numbers():
                         "triton-256", "non-deterministic flashinfer, 256": "nondet-256"}.items():
         ratios = [cell.strip(" |") for cell in readme_row(label)[1:5]]
         assert ratios == [f"{plugin[w][1] / setups[name][1][w][1]:.2f}x" for w in WORKLOADS], label
+
+
+def test_the_top_readmes_table_is_the_recorded_runs_numbers():
+    """README.md, "Should I use this?": each workload's throughputs and ratios, and the longest gaps."""
+    setups = {name: workloads for name, (_, workloads) in printed_setups().items()}
+    order = ("plugin-256", "stock-4096", "triton-256", "nondet-256")
+    lines = (README.parent.parent / "README.md").read_text().splitlines()
+    for prefix, workload in (("| RL rollouts", "rl"), ("| agents", "agent"), ("| interactive", "interactive")):
+        cells = next(line for line in lines if line.startswith(prefix)).split(" | ")[1:]
+        numbers = [float(c.split()[0].strip("* |").replace(",", "")) for c in cells]
+        assert numbers == [round(setups[name][workload][1]) for name in order], workload
+        plugin = setups["plugin-256"][workload][1]
+        ratios = [plugin / setups[name][workload][1] for name in order[1:3]]
+        assert f"({ratios[0]:.2f}x, {ratios[1]:.2f}x)" in cells[0], workload
+    gaps = next(line for line in lines if line.startswith("| longest wait")).split(" | ")[1:]
+    assert [float(g.strip("* |").removesuffix(" s")) for g in gaps] == [
+        round(max(setups[name][w][3] for w in WORKLOADS), 1 if name != "plugin-256" else 2) for name in order]
