@@ -3,6 +3,8 @@
 #   examples/launch_server.sh                         # the plugin, 256-token chunks, port 30000
 #   REFERENCE=1 PORT=30001 examples/launch_server.sh  # stock SGLang, unchunked, radix off: verify's reference
 #   sglang-chunk-align verify --server http://127.0.0.1:30000 --reference http://127.0.0.1:30001
+# The plugin keeps the radix cache on where its grid rules make it exact (verify expects radix hits);
+# SGLANG_CHUNK_ALIGN_RADIX_CACHE=0 keeps stock's behaviour (off), and then verify needs --no-radix.
 # Extra arguments go to `sglang serve` (e.g. --tp 2 --mem-fraction-static 0.4), the entry point
 # SGLang recommends; every release the plugin supports (0.5.12 to 0.5.23) has it. The default
 # model's shape ran on an H200 with this plugin (its config, dummy weights): benchmarks/README.md.

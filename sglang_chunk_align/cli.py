@@ -36,9 +36,9 @@ from .compat import (
     check_sglang_version,
     check_switches,
     installed_version,
+    radix_cache,
     sglang_at_least,
     sglang_missing,
-    switch_refusals,
     switch_values,
 )
 
@@ -188,8 +188,10 @@ def run_doctor():
     report = {
         "versions": {d: _dist_version(d) for d in ("sglang-chunk-align", "sglang", "flashinfer-python", "torch", "wrapt")},
         "supported_sglang": SUPPORTED_SGLANG,
-        "switches": {name: value if isinstance(value, str) else int(value) for name, value in switch_values().items()},
+        "switches": {name: value if value is None or isinstance(value, str) else int(value)
+                     for name, value in switch_values().items()},
         "plugins": plugin_selection(os.environ.get("SGLANG_PLUGINS")),
+        "radix_cache": None,
         "grid_rules": None,
         "grid": None,
         "kernel_facts": None,
@@ -204,7 +206,8 @@ def run_doctor():
         report["problems"].append(str(sglang_missing()))
     applied = contextlib.nullcontext()  # apply() would refuse for the reason found first
     try:
-        report["problems"] += switch_refusals(check_switches(), version)
+        report["radix_cache"], refusals = _radix_cache(check_switches(), version)
+        report["problems"] += refusals
         if version is not None:  # without SGLang the patch points mean nothing
             warning = check_sglang_version(version)
             if warning:
@@ -285,8 +288,6 @@ def _check_release(report, version):
             status = RULES_OFF
         elif point.name in applied:
             status = "applied"
-        elif point.opt_in:
-            status = f"off (opt in with {point.opt_in}=1)"
         else:
             status = "not applied"
         report["patch_points"].append(
@@ -309,6 +310,14 @@ def _check_release(report, version):
             report["problems"].append(
                 f"FlashInferAttnBackend does not declare {expected} under deterministic inference"
             )
+
+
+def _radix_cache(switches, version):
+    """Under deterministic flashinfer: the scheduler's decision (compat.radix_cache), which also
+    depends on the model's mamba state, and its refusals."""
+    _, why, refusals = radix_cache(switches, version)
+    _, mamba_why, _ = radix_cache(switches, version, mamba=True)
+    return (why if why == mamba_why else f"{why}; for a mamba model: {mamba_why}"), refusals
 
 
 def declared_alignments():
@@ -341,10 +350,13 @@ def format_doctor(report):
     lines += [f"  {name:<20} {version or 'not installed'}" for name, version in report["versions"].items()]
     lines.append(f"  supported SGLang     {report['supported_sglang']}")
     lines += [
-        f"  {name}={value!r} (invalid)" if isinstance(value, str) else f"  {name}={value}"
+        f"  {name}={value!r} (invalid)" if isinstance(value, str) else f"  {name} unset" if value is None
+        else f"  {name}={value}"
         for name, value in report["switches"].items()
     ]
     lines.append(f"  SGLANG_PLUGINS       {_plugins_line(report['plugins'])}")
+    if report["radix_cache"]:
+        lines.append(f"  radix cache          under deterministic flashinfer: {report['radix_cache']}")
     facts = report["kernel_facts"]
     lines.append(f"  kernel facts         {facts['summary']}; measured at {facts['shapes']}; plan --group --head-dim warns on others")
     lines += [f"PROBLEM: {p}" for p in report["problems"]]

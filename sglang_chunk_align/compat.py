@@ -17,7 +17,8 @@ SUPPORTED_SGLANG = releases.SUPPORTED  # a version gate (admits)
 ALLOW_UNTESTED_ENV = "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED"
 # Set to 0 to keep only the 128-token length alignment (planning.py's rules off).
 RULES_ENV = "SGLANG_CHUNK_ALIGN_RULES"
-# Set to 1 to turn the radix cache back on under deterministic flashinfer.
+# The radix cache under deterministic flashinfer (radix_cache): unset, on where the grid rules make
+# it exact; 0, off as stock keeps it; 1, on, refused where it cannot be exact.
 RADIX_CACHE_ENV = "SGLANG_CHUNK_ALIGN_RADIX_CACHE"
 # Set to 0 to keep stock's prefill-first order: decoding requests wait behind every queued chunk.
 DECODE_WAIT_ENV = "SGLANG_CHUNK_ALIGN_DECODE_WAIT"
@@ -26,8 +27,10 @@ RADIX_OPT_IN_NEEDS = (
     f"{RADIX_CACHE_ENV}=1 needs SGLang {releases.RADIX_OPT_IN} or newer, where the grid rules reach "
     "radix hits and the tree"
 )
-# The environment switches and their defaults (README, "Switches").
-SWITCHES = {RULES_ENV: True, RADIX_CACHE_ENV: False, DECODE_WAIT_ENV: True, ALLOW_UNTESTED_ENV: False}
+# Why the grid rules cannot make radix hits exact with a mamba prefix cache.
+MAMBA_NEEDS = "a prefix rounded to the grid would need a mamba state there"
+# The environment switches and their defaults (README, "Switches"); None: unset is a third value.
+SWITCHES = {RULES_ENV: True, RADIX_CACHE_ENV: None, DECODE_WAIT_ENV: True, ALLOW_UNTESTED_ENV: False}
 
 
 class ChunkAlignError(RuntimeError):
@@ -107,7 +110,7 @@ def req_extend_end(req):
 
 
 def env_flag(name, default):
-    """A 0/1 environment switch; any other value is a ChunkAlignError."""
+    """A 0/1 environment switch (`default` where unset); any other value is a ChunkAlignError."""
     raw = os.environ.get(name, "")
     if raw not in ("", "0", "1"):
         raise ChunkAlignError(_invalid_switch(name, raw, default))
@@ -115,12 +118,13 @@ def env_flag(name, default):
 
 
 def _invalid_switch(name, raw, default):
-    return f"{name}={raw!r} is not valid: use 1 or 0 (unset means {int(default)})."
+    unset = "on where the grid rules make it exact" if default is None else int(default)  # None: the radix switch
+    return f"{name}={raw!r} is not valid: use 1 or 0 (unset means {unset})."
 
 
 def switch_values():
-    """Every switch's value (name -> bool), an invalid one's raw text (str) in its place: doctor
-    shows it next to the problem."""
+    """Every switch's value (name -> bool, or None for the radix switch unset), an invalid one's raw
+    text (str) in its place: doctor shows it next to the problem."""
     values = {}
     for name, default in SWITCHES.items():
         try:
@@ -131,7 +135,7 @@ def switch_values():
 
 
 def check_switches():
-    """Every switch's value (name -> bool); one ChunkAlignError naming each invalid value.
+    """Every switch's value (as switch_values); one ChunkAlignError naming each invalid value.
 
     Called at load time (check_sglang_version, the first step of apply()),
     so a typo fails there rather than when the scheduler first reads it.
@@ -146,22 +150,53 @@ def check_switches():
     return values
 
 
-def switch_refusals(switches, version):
-    """Why the scheduler refuses deterministic flashinfer with these switches (check_switches) on
-    SGLang `version` (None: not installed, no release check): one message each, in the order the
-    scheduler checks them. It raises the first; doctor lists them all, so what doctor calls OK
-    starts."""
-    if not switches[RADIX_CACHE_ENV]:
-        return []
-    refusals = []
+def radix_cache(switches, version, mamba=False):
+    """Whether the radix cache stays on under deterministic flashinfer where the plugin is armed:
+    (on, why, refusals). The one decision the launcher acts on (scheduler_hooks.
+    keep_radix_cache_where_exact), the scheduler logs and enforces, and doctor reports.
+
+    Stock SGLang turns the radix cache off there because radix hits were not exact; the grid
+    rules make them exact on SGLang RADIX_OPT_IN or newer, with the rules on and no mamba
+    prefix cache, so by default it stays on wherever that holds, and elsewhere it is off, as
+    stock keeps it. RADIX_CACHE_ENV=0 keeps stock's behaviour everywhere; RADIX_CACHE_ENV=1
+    asks for it and is refused where it cannot be exact (`refusals`: one message per
+    obstacle, in the order the scheduler checks them; it raises the first, doctor lists them
+    all). `why` says on or off and why, as the scheduler's startup line and doctor show it.
+    `switches` as check_switches returns them; `version` None (SGLang not installed) skips the
+    release check; `mamba`: the model keeps mamba state in its prefix cache.
+    """
+    asked = switches[RADIX_CACHE_ENV]
+    if asked is False:
+        return False, f"off, as stock ({RADIX_CACHE_ENV}=0)", []
+    obstacles = _radix_obstacles(switches, version, mamba)
+    if asked and obstacles:
+        return False, f"refused ({obstacles[0][0]})", [refusal for _, refusal in obstacles]
+    if obstacles:
+        return False, f"off, as stock ({obstacles[0][0]})", []
+    return True, f"on ({RADIX_CACHE_ENV}=1)" if asked else "on (default: the grid rules make radix hits exact)", []
+
+
+def _radix_obstacles(switches, version, mamba):
+    """What keeps the grid rules from making radix hits exact: (why, the refusal of RADIX_CACHE_ENV=1)."""
+    obstacles = []
     if version is not None and version < Version(releases.RADIX_OPT_IN):
-        refusals.append(f"{RADIX_OPT_IN_NEEDS}: drop {RADIX_CACHE_ENV}, or upgrade SGLang.")
+        obstacles.append((
+            f"SGLang {version} is older than {releases.RADIX_OPT_IN}, where the grid rules reach radix hits and the tree",
+            f"{RADIX_OPT_IN_NEEDS}: drop {RADIX_CACHE_ENV}, or upgrade SGLang.",
+        ))
     if not switches[RULES_ENV]:
-        refusals.append(
+        obstacles.append((
+            f"the grid rules are off: {RULES_ENV}=0",
             f"{RADIX_CACHE_ENV}=1 needs the grid rules ({RULES_ENV} not 0): "
-            f"drop {RADIX_CACHE_ENV}, or turn the rules back on."
-        )
-    return refusals
+            f"drop {RADIX_CACHE_ENV}, or turn the rules back on.",
+        ))
+    if mamba:
+        obstacles.append((
+            f"a mamba prefix cache: {MAMBA_NEEDS}",
+            f"{RADIX_CACHE_ENV}=1 is not supported with a mamba prefix cache: {MAMBA_NEEDS}. "
+            f"Drop {RADIX_CACHE_ENV} for this model.",
+        ))
+    return obstacles
 
 
 def check_sglang_version(version):

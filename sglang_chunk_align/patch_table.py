@@ -1,7 +1,8 @@
 """SGLang's patch points, with their reasons and version ranges, in one table for patches.apply().
 
-A point is a class attribute, looked up at call time; a list SGLang reads
-at call time; or, once, the module binding its caller uses:
+A point is a class attribute, or a function its caller imports at call time
+(handle_deterministic_inference), both looked up when called; or, once, the
+module binding its caller uses:
 schedule_batch imports match_kv_cache with `from ... import`, so the point is
 schedule_batch's name, not mem_cache.common's. Every version comes from
 releases.py. A point that only runs planning.py's grid rules says so
@@ -9,8 +10,7 @@ releases.py. A point that only runs planning.py's grid rules says so
 """
 
 from . import backends, decode_wait, prefill_hooks, releases, scheduler_hooks
-from .compat import RADIX_CACHE_ENV
-from .patches import ALL_RELEASES, AddMember, Declare, Wrap
+from .patches import ALL_RELEASES, Declare, Wrap
 
 _ATTN = "sglang.srt.layers.attention."
 _POLICY = "sglang.srt.managers.schedule_policy"
@@ -20,7 +20,7 @@ _STOCK_CHECK = releases.STOCK_STARTUP_CHECK
 _FLOOR = f">={releases.FLOOR_CHUNKED_TOKENS}"
 _BUDGET = f">={releases.MEMORY_BUDGET}"  # the adder's memory budget object answers a continuation's chunk
 _BUDGET_MODULE = "sglang.srt.mem_cache.prefill_budget"
-_RADIX = f">={releases.RADIX_OPT_IN}"  # the grid rules for radix hits and the tree, and the radix opt-in
+_RADIX = f">={releases.RADIX_OPT_IN}"  # the grid rules for radix hits and the tree, and the radix cache kept on
 
 
 def _forward(module, class_name, children, reason, versions=ALL_RELEASES):
@@ -119,8 +119,10 @@ PATCH_POINTS = (
     Wrap("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache.checkpoint", prefill_hooks.publish_full_tiles,
          "the tree would serve KV computed in a prompt's partial final q-tile, or by decode", _RADIX,
          grid_rule=True),
-    AddMember("sglang.srt.arg_groups.choices", "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND", "flashinfer",
-              "stock turns the radix cache off under deterministic flashinfer", _RADIX, opt_in=RADIX_CACHE_ENV),
+    Wrap("sglang.srt.arg_groups.attention_hook", "handle_deterministic_inference",
+         scheduler_hooks.keep_radix_cache_where_exact,
+         "stock turns the radix cache off under deterministic flashinfer; it stays on where the grid rules make it "
+         "exact (compat.radix_cache)", _RADIX),
 )
 
 

@@ -1,4 +1,4 @@
-"""The generic installer: patch points of three kinds, put in and taken out exactly.
+"""The generic installer: patch points of two kinds, put in and taken out exactly.
 
 SGLang's own points are a table of their own (patch_table.py), handed to
 apply(): any object with PATCH_POINTS (a tuple of points), failure_guard(error)
@@ -12,10 +12,9 @@ Each installed point is a Site that records what its owner's __dict__ held
 (never read through getattr, which would bind descriptors), so remove()
 restores stock exactly and apply() twice is a no-op.
 
-A point is one of three kinds, each with its own check, install and restore:
-Wrap (a wrapt wrapper around a function SGLang has), Declare (a new attribute
-SGLang lacks) and AddMember (an item added to a list SGLang reads at call
-time). Opt-in points are selected only when their environment switch is 1.
+A point is one of two kinds, each with its own check, install and restore:
+Wrap (a wrapt wrapper around a function SGLang has) and Declare (a new
+attribute SGLang lacks).
 
 No two points a release selects may share a target (their version ranges
 would overlap, and the second wrapper would hide the first from remove()),
@@ -29,7 +28,7 @@ import threading
 
 import wrapt
 
-from .compat import ChunkAlignError, admits, check_sglang_version, env_flag, installed_version
+from .compat import ChunkAlignError, admits, check_sglang_version, installed_version
 
 logger = logging.getLogger("sglang_chunk_align")
 
@@ -43,14 +42,13 @@ _ABSENT = object()  # what an owner's __dict__ holds for an attribute it lacks
 class PatchPoint:
     """What every kind shares: where the point goes, which releases select it, and why."""
 
-    __slots__ = ("module", "target", "reason", "versions", "opt_in", "grid_rule")
+    __slots__ = ("module", "target", "reason", "versions", "grid_rule")
 
-    def __init__(self, module, target, reason, versions, opt_in, grid_rule):
+    def __init__(self, module, target, reason, versions, grid_rule):
         self.module = module
         self.target = target  # "Class.attribute", or "attribute" of the module
         self.reason = reason
         self.versions = versions  # a version gate (compat.admits): ">=0.5.22", "<0.5.22", ALL_RELEASES
-        self.opt_in = opt_in  # environment switch (compat.env_flag) that selects the point
         # It only runs planning.py's grid rules, which SGLANG_CHUNK_ALIGN_RULES=0 turns off (doctor says so).
         self.grid_rule = grid_rule
 
@@ -97,7 +95,7 @@ class Wrap(PatchPoint):
     __slots__ = ("wrapper",)
 
     def __init__(self, module, target, wrapper, reason, versions=ALL_RELEASES, *, grid_rule=False):
-        super().__init__(module, target, reason, versions, None, grid_rule)
+        super().__init__(module, target, reason, versions, grid_rule)
         self.wrapper = wrapper
 
     def problem(self, stock):
@@ -118,7 +116,7 @@ class Declare(PatchPoint):
     __slots__ = ("value",)
 
     def __init__(self, module, target, value, reason, versions=ALL_RELEASES):
-        super().__init__(module, target, reason, versions, None, False)
+        super().__init__(module, target, reason, versions, False)
         self.value = value
 
     def problem(self, stock):
@@ -131,27 +129,6 @@ class Declare(PatchPoint):
 
     def restore(self, site):
         delattr(site.owner, site.attribute)
-
-
-class AddMember(PatchPoint):
-    """An item added to a list SGLang has and reads at call time."""
-
-    __slots__ = ("member",)
-
-    def __init__(self, module, target, member, reason, versions=ALL_RELEASES, *, opt_in=None):
-        super().__init__(module, target, reason, versions, opt_in, False)
-        self.member = member
-
-    def problem(self, stock):
-        if not isinstance(stock, list) or self.member in stock:
-            return f"has changed: expected a list without {self.member!r}"
-        return None
-
-    def install(self, site):
-        site.stock.append(self.member)
-
-    def restore(self, site):
-        site.stock.remove(self.member)
 
 
 class Site:
@@ -192,7 +169,7 @@ def apply(table, now=False):
         if warning:
             logger.warning("sglang-chunk-align: %s", warning)
         by_module = {}
-        for point in selected_points(table, version):
+        for point in release_points(table, version):
             by_module.setdefault(point.module, []).append(point)
         ready = {module for module in by_module if now or module in sys.modules}
         sites = [_resolve(point, version) for module in ready for point in by_module[module]]
@@ -231,7 +208,7 @@ def installed_names():
 
 
 def release_points(table, version):
-    """The table's points whose version gate admits `version`, opt-in or not; at most one per target."""
+    """The table's points whose version gate admits `version`: the points apply() installs; at most one per target."""
     points = [p for p in table.PATCH_POINTS if admits(p.versions, version)]
     names = [p.name for p in points]
     overlapping = sorted({name for name in names if names.count(name) > 1})
@@ -241,11 +218,6 @@ def release_points(table, version):
             f"(overlapping version ranges); nothing was patched."
         )
     return points
-
-
-def selected_points(table, version):
-    """The points apply() installs on `version`: its release points, less opt-ins left off."""
-    return [p for p in release_points(table, version) if p.opt_in is None or env_flag(p.opt_in, False)]
 
 
 def _resolve(point, version):

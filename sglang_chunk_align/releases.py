@@ -25,7 +25,8 @@ GRID_RULES = "0.5.20"
 # (memory_budget.available_chunk_tokens, then fit_chunk, whose None makes it wait).
 MEMORY_BUDGET = "0.5.21"
 # First release where the rules reach radix hits and the tree (match_kv_cache,
-# UnifiedRadixCache.checkpoint), so the radix opt-in is offered.
+# UnifiedRadixCache.checkpoint), so the radix cache stays on under deterministic flashinfer
+# (compat.radix_cache; the name is from when SGLANG_CHUNK_ALIGN_RADIX_CACHE=1 had to ask for it).
 RADIX_OPT_IN = "0.5.22"
 # First release with PrefillAdder.floor_chunked_tokens, through which an ignore_eos request's
 # grid cut is handed back.
@@ -46,7 +47,7 @@ UNIFIED_PREFIX_CACHE = "0.5.22"
 # WARNING and doctor say it in these words.
 WITHOUT_GRID_RULES = (
     "final pieces shorter than the full fa2 tile, thin batches on a smaller tile, memory-pressure "
-    "and ignore_eos cuts off the grid, and radix hits off the grid (the radix opt-in is refused) "
+    "and ignore_eos cuts off the grid, and radix hits off the grid (the radix cache stays off, as stock keeps it) "
     f"are not bit-exact; SGLang {GRID_RULES} or newer closes this with the grid rules "
     f"({RADIX_OPT_IN} or newer with the radix cache on)"
 )

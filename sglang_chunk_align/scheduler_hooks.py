@@ -1,4 +1,5 @@
-"""Scheduler wrappers: take the chunk alignment from the live attention backend.
+"""Scheduler wrappers: take the chunk alignment from the live attention backend; and the
+launcher's, which keep the radix cache on where the grid rules make it exact and refuse Ray.
 
 Stock SGLang maps the backend *name* to SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE
 (4096) and refuses every smaller chunk. Here the alignment is whatever the
@@ -14,16 +15,7 @@ import sys
 from . import decode_wait, prefill_hooks, releases
 from .alignment import chunk_size_error
 from .backends import fa2_backends, planned_prefill, runs_fa2_grid
-from .compat import (
-    DECODE_WAIT_ENV,
-    RADIX_CACHE_ENV,
-    RULES_ENV,
-    check_switches,
-    env_flag,
-    installed_version,
-    sglang_at_least,
-    switch_refusals,
-)
+from .compat import DECODE_WAIT_ENV, RULES_ENV, check_switches, env_flag, installed_version, radix_cache, sglang_at_least
 from .kernel_facts import installed_facts
 from .planning import Rules
 
@@ -80,9 +72,11 @@ class Startup:
     A plain class, as prefill_hooks.Step: a dataclass's generated methods cost import time.
     """
 
-    __slots__ = ("backend", "q_tile", "armed", "rules", "rules_available", "decode_wait", "decode_wait_note")
+    __slots__ = ("backend", "q_tile", "armed", "rules", "rules_available", "radix", "radix_refusal", "decode_wait",
+                 "decode_wait_note")
 
-    def __init__(self, backend, q_tile, armed, rules, rules_available, decode_wait=None, decode_wait_note=None):
+    def __init__(self, backend, q_tile, armed, rules, rules_available, radix=None, radix_refusal=None,
+                 decode_wait=None, decode_wait_note=None):
         self.backend = backend  # the live attention backend, or None on a bare Scheduler
         self.q_tile = q_tile  # what it declares as prefill_chunk_align
         # It declares that alignment for fa2's q-tile grid (deterministic flashinfer,
@@ -91,6 +85,8 @@ class Startup:
         self.armed = armed
         self.rules = rules  # the grid rules to activate, or None
         self.rules_available = rules_available  # whether this release has the points the rules need
+        self.radix = radix  # where armed: the radix cache, on or off and why (_radix_cache); else None
+        self.radix_refusal = radix_refusal  # why it must not start so (SGLANG_CHUNK_ALIGN_RADIX_CACHE=1), or None
         self.decode_wait = decode_wait  # the decode_wait.DecodeWait to activate, or None
         self.decode_wait_note = decode_wait_note  # what the startup line says of it (None: unarmed)
 
@@ -116,7 +112,9 @@ def _decide(scheduler, rules_available):
     rules = None
     if armed and scheduler.truncation_align_size is not None and rules_available and env_flag(RULES_ENV, True):
         rules = _rules_for(scheduler, backend)
-    return Startup(backend, q_tile, armed, rules, rules_available, *(_decode_wait(scheduler) if armed else ()))
+    radix, radix_refusal = _radix_cache(scheduler) if armed else (None, None)
+    wait, wait_note = _decode_wait(scheduler) if armed else (None, None)
+    return Startup(backend, q_tile, armed, rules, rules_available, radix, radix_refusal, wait, wait_note)
 
 
 def _decode_wait(scheduler):
@@ -143,13 +141,15 @@ def _log(startup, align):
         f"{align} tokens" if align else "nothing", type(startup.backend).__name__, startup.q_tile,
         _describe_rules(startup.rules, startup.backend) if startup.rules else "off" if startup.rules_available
         else "not available on this SGLang release",
+        f"; radix cache {startup.radix}" if startup.radix else "",
         f"; {startup.decode_wait_note}" if startup.decode_wait_note else "",
     )
 
 
 def _refuse(scheduler, startup):
     """Configurations the plugin cannot keep bit-exact, refused at startup rather than served."""
-    _check_radix_cache(scheduler)
+    if startup.radix_refusal:
+        raise ValueError(startup.radix_refusal)
     if startup.rules is not None:
         _refuse_paths_the_rules_cannot_keep(scheduler.server_args)
 
@@ -219,19 +219,20 @@ def _refuse_paths_the_rules_cannot_keep(server_args):
         )
 
 
-def _check_radix_cache(scheduler):
-    """The radix opt-in matters under deterministic flashinfer (where the plugin is armed), and
-    only with the grid rules (compat.switch_refusals, which doctor makes too)."""
-    if not env_flag(RADIX_CACHE_ENV, False):
-        return
-    refusals = switch_refusals(check_switches(), installed_version())
-    if refusals:
-        raise ValueError(refusals[0])
-    if not getattr(scheduler.tree_cache, "disable", True) and scheduler.tree_cache.supports_mamba():
-        raise ValueError(
-            f"{RADIX_CACHE_ENV}=1 is not supported with a mamba prefix cache: a prefix rounded to "
-            f"the grid would need a mamba state there. Drop {RADIX_CACHE_ENV} for this model."
-        )
+def _radix_cache(scheduler):
+    """(the radix cache as this armed scheduler runs it, on or off and why; why it must not
+    start, or None). The launcher took compat.radix_cache's decision
+    (keep_radix_cache_where_exact) from the same switches and release, and from the model,
+    whose mamba state the prefix cache tells here; the tree is what came of it."""
+    tree = scheduler.tree_cache  # None on a stand-in Scheduler
+    mamba = tree is not None and tree.supports_mamba()
+    on, why, refusals = radix_cache(check_switches(), installed_version(), mamba)
+    tree_on = not getattr(tree, "disable", True)  # a ChunkCache before 0.5.22 has no switch: off
+    if refusals or tree_on == on:
+        return why, refusals[0] if refusals else None
+    if tree_on:  # stock keeps it on for another backend (--attention-backend fa3 with flashinfer prefill, say)
+        return "on, as SGLang keeps it for these server args", None
+    return "off (--disable-radix-cache, or an SGLang setting that implies it)", None
 
 
 def _keep_batches_on_solo_tiles(scheduler):
@@ -294,6 +295,57 @@ def refuse_ray_schedulers(wrapped, instance, args, kwargs):
             "from SGLANG_PLUGINS."
         )
     return wrapped(*args, **kwargs)
+
+
+def keep_radix_cache_where_exact(wrapped, instance, args, kwargs):
+    """Wraps handle_deterministic_inference, where the launcher resolves its server args.
+
+    Stock turns the radix cache off under deterministic inference on a backend missing from
+    RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND, flashinfer among them. Where
+    compat.radix_cache keeps it on (_keeps_radix_cache), flashinfer is on that list for the
+    call, so stock keeps it on as it does for fa3, --disable-radix-cache included; elsewhere
+    stock decides alone. The scheduler logs what came of it and refuses what it cannot serve
+    (_radix_cache).
+    """
+    from sglang.srt.server_args import RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND as radix_backends
+
+    server_args = kwargs.get("server_args", args[0] if args else None)
+    if not _keeps_radix_cache(server_args):
+        return wrapped(*args, **kwargs)
+    radix_backends.append("flashinfer")
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        radix_backends.remove("flashinfer")
+
+
+def _keeps_radix_cache(server_args):
+    """compat.radix_cache's answer for a server whose prefill runs FlashInferAttnBackend's fa2
+    under deterministic inference, where its schedulers arm the plugin; False elsewhere, so an
+    absorbed-MLA model (FlashInferMLAAttnBackend) keeps stock's refusal on flashinfer.
+
+    The model config is the one stock resolves server args with; where it cannot be read, its
+    mamba state is unknown, and stock decides.
+    """
+    from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
+
+    view = resolving_view(server_args)
+    # Where stock reads the list (rl_on_policy_target turns deterministic inference on): elsewhere
+    # the list changes nothing, and reading the model's mamba state would cost an import.
+    deterministic = view.enable_deterministic_inference or view.rl_on_policy_target is not None
+    if not deterministic or {view.attention_backend, view.prefill_attention_backend} - {None, "flashinfer"}:
+        return False
+    try:
+        model = model_config_of(server_args)
+    except Exception:  # stock's handle_deterministic_inference goes on without it too
+        return False
+    from sglang.srt.configs.model_config import AttentionArch
+    from sglang.srt.mem_cache.kv_cache_builder import uses_ssm_state  # what gives the tree its mamba component
+
+    if model.attention_arch == AttentionArch.MLA:
+        return False
+    on, _, _ = radix_cache(check_switches(), installed_version(), uses_ssm_state(model))
+    return on
 
 
 def _is_deterministic_flashinfer(server_args):

@@ -50,8 +50,10 @@ take turns there).
 
 A chat pass on the server under test that never hits the radix cache checks
 no radix hit, so it fails, unless --no-radix says the server runs with the
-radix cache off (stock SGLang under deterministic flashinfer; the plugin keeps
-it on with SGLANG_CHUNK_ALIGN_RADIX_CACHE=1). A baseline request that reports
+radix cache off: stock SGLang under deterministic flashinfer, and with the
+plugin --disable-radix-cache, SGLANG_CHUNK_ALIGN_RADIX_CACHE=0, or a server where
+the grid rules cannot make it exact (each scheduler's startup line says whether
+it is on, and why). A baseline request that reports
 cached tokens after its /flush_cache was not cold, and a null logprob (NaN or
 infinite on the server) compares equal unchecked: both fail too. The baseline
 and the passes flush the servers' caches, so run verify where nobody else
@@ -110,8 +112,8 @@ WORDS = (
 ).split()
 FLUSH_WAIT_S = 30  # how long a /flush_cache may wait for the server to go idle
 RADIX_HINT = (
-    "start the server with the radix cache on (SGLANG_CHUNK_ALIGN_RADIX_CACHE=1), "
-    "or pass --no-radix if it runs without one"
+    "start the server with the radix cache on (the plugin's default under deterministic flashinfer; its startup "
+    "line says why where it is off), or pass --no-radix if it runs without one"
 )
 
 

@@ -5,9 +5,10 @@ The suite runs against whichever supported release is installed (.ci/run runs
 it on the releases named in sglang_chunk_align/releases.py); what a release
 lacks is skipped with a reason. A test marked `needs_grid_rules` skips on
 releases without the grid rules, one marked `needs_radix_opt_in` on releases
-where they do not reach radix hits and the tree.
+where they do not reach radix hits and the tree (so the radix cache stays off there).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -31,7 +32,7 @@ if sglang_at_least(releases.GRID_RULES) and not sglang_at_least(releases.UNIFIED
 RELEASE_MARKERS = {
     "needs_grid_rules": (releases.GRID_RULES, "the grid rules"),
     "needs_radix_opt_in": (
-        releases.RADIX_OPT_IN, "the radix opt-in, where the grid rules reach radix hits and the tree"
+        releases.RADIX_OPT_IN, "the radix cache kept on, where the grid rules reach radix hits and the tree"
     ),
 }
 
@@ -70,6 +71,93 @@ def _run_python(code, **env):
 def fresh_python():
     """Run code in a fresh interpreter with extra environment: fresh_python(code, **env) -> CompletedProcess."""
     return _run_python
+
+
+# SGLang's launcher resolves server args, deterministic inference's radix-cache decision
+# included (handle_deterministic_inference, where the plugin wraps it), for each case (model, extra
+# environment, ServerArgs fields): stock first, then with the plugin loaded by SGLang's own
+# loader. Per case: ["disable_radix_cache", value] or [error type, message], and what was
+# logged about the radix cache.
+_LAUNCHER = r"""
+import json, logging, os, sys
+logged = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        logged.append(record.getMessage())
+logging.getLogger().addHandler(Keep())
+logging.getLogger().setLevel(logging.INFO)
+
+def resolve(model, env, fields):
+    from sglang.srt.arg_groups.attention_hook import handle_deterministic_inference
+    from sglang.srt.arg_groups.model_override_base import resolving_view
+    from sglang.srt.server_args import ServerArgs
+    saved = dict(os.environ)
+    os.environ.update(env)
+    del logged[:]
+    try:
+        server_args = ServerArgs(model_path=model, **fields)
+        handle_deterministic_inference(server_args)
+        outcome = ["disable_radix_cache", resolving_view(server_args).disable_radix_cache]
+    except Exception as error:
+        outcome = [type(error).__name__, str(error)]
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return outcome + [[m for m in logged if "radix" in m.lower()]]
+
+cases = json.loads(sys.argv[1])
+outcomes = {"stock": [resolve(*case) for case in cases]}
+from sglang.srt.plugins import load_plugins
+load_plugins()
+outcomes["plugin"] = [resolve(*case) for case in cases]
+print(json.dumps(outcomes))
+"""
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ATTENTION_ONLY_MODEL = os.path.join(ROOT, "benchmarks", "models", "qwen3-8b")
+# Tiny configs of models SGLang serves with a mamba prefix cache and with absorbed MLA.
+_MODEL_CONFIGS = {
+    "mamba": {
+        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 256,
+        "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32, "linear_num_key_heads": 4, "linear_num_value_heads": 8, "num_experts": 4,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128,
+        "max_position_embeddings": 4096, "vocab_size": 1024, "torch_dtype": "bfloat16",
+    },
+    "mla": {
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 256,
+        "intermediate_size": 512, "moe_intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "kv_lora_rank": 64, "q_lora_rank": None, "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "first_k_dense_replace": 1, "max_position_embeddings": 4096, "vocab_size": 1024,
+        "torch_dtype": "bfloat16",
+    },
+}
+
+
+@pytest.fixture(scope="session")
+def model_paths(tmp_path_factory):
+    """Folders holding only a config.json: an attention-only model (Qwen3-8B's), one with a mamba
+    prefix cache, one with absorbed MLA; SGLang reads a model's config, never its weights, here."""
+    paths = {"attention": ATTENTION_ONLY_MODEL}
+    for name, config in _MODEL_CONFIGS.items():
+        folder = tmp_path_factory.mktemp(name)
+        (folder / "config.json").write_text(json.dumps(config))
+        paths[name] = str(folder)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def resolved_by_launcher():
+    """resolved_by_launcher(cases) -> {"stock": [...], "plugin": [...]}, from one fresh interpreter (_LAUNCHER)."""
+
+    def resolve(cases):
+        result = _run_python(f"import sys; sys.argv[1:] = [{json.dumps(cases)!r}]\n" + _LAUNCHER,
+                             SGLANG_PLUGINS="chunk_align")
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    return resolve
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from packaging.version import Version
 
 from sglang_chunk_align import patch_table, patches, releases
 from sglang_chunk_align.alignment import chunk_size_error
-from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, sglang_at_least, switch_refusals
+from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, radix_cache, sglang_at_least
 from sglang_chunk_align.kernel_facts import FACTS, facts_for, installed_facts, installed_flashinfer
 from sglang_chunk_align.standins import scheduler_alignment
 
@@ -53,12 +53,7 @@ def test_doctor_reports_a_working_install():
     version = installed_version()
     assert report["ok"] and report["versions"]["sglang"] == str(version)
     release = patches.release_points(patch_table, version)
-    expected = [
-        f"not for SGLang {version}" if p not in release
-        else "off (opt in with SGLANG_CHUNK_ALIGN_RADIX_CACHE=1)" if p.opt_in
-        else "applied"
-        for p in patch_table.PATCH_POINTS
-    ]
+    expected = [f"not for SGLang {version}" if p not in release else "applied" for p in patch_table.PATCH_POINTS]
     assert [p["status"] for p in report["patch_points"]] == expected
     assert "applied" in expected and f"not for SGLang {version}" in expected
     rules_available = sglang_at_least(releases.GRID_RULES)
@@ -76,9 +71,16 @@ def test_doctor_reports_a_working_install():
     assert report["backends"]["FlashInferMLAAttnBackend"] is None
     assert report["backends"]["TboAttnBackend"] == 128
     assert report["switches"] == {
-        "SGLANG_CHUNK_ALIGN_RULES": 1, "SGLANG_CHUNK_ALIGN_RADIX_CACHE": 0, "SGLANG_CHUNK_ALIGN_DECODE_WAIT": 1,
+        "SGLANG_CHUNK_ALIGN_RULES": 1, "SGLANG_CHUNK_ALIGN_RADIX_CACHE": None, "SGLANG_CHUNK_ALIGN_DECODE_WAIT": 1,
         "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED": 0,
     }
+    mamba = ("; for a mamba model: off, as stock (a mamba prefix cache: a prefix rounded to the grid would need a "
+             "mamba state there)")
+    assert report["radix_cache"] == (
+        f"on (default: the grid rules make radix hits exact){mamba}" if sglang_at_least(releases.RADIX_OPT_IN)
+        else f"off, as stock (SGLang {version} is older than {releases.RADIX_OPT_IN}, where the grid rules reach "
+             "radix hits and the tree)"
+    )
 
 
 def test_doctor_fails_on_an_invalid_environment(fresh_python):
@@ -93,7 +95,7 @@ def test_doctor_fails_on_an_invalid_environment(fresh_python):
         "PROBLEM: SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='yes' is not valid: use 1 or 0 (unset means 0)."
     )
     assert problem < lines.index("patch points:")
-    assert {"  SGLANG_CHUNK_ALIGN_RULES=1", "  SGLANG_CHUNK_ALIGN_RADIX_CACHE=0",
+    assert {"  SGLANG_CHUNK_ALIGN_RULES=1", "  SGLANG_CHUNK_ALIGN_RADIX_CACHE unset",
             "  SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='yes' (invalid)"} <= set(lines[:problem])
     assert (
         f"  kernel facts         {installed_facts().describe()}; measured at {installed_facts().describe_shapes()}; "
@@ -104,7 +106,7 @@ def test_doctor_fails_on_an_invalid_environment(fresh_python):
 
 
 def test_doctor_makes_the_refusals_the_scheduler_makes_from_the_switches(plugin, monkeypatch):
-    """The same text from one function (compat.switch_refusals): what doctor calls OK starts."""
+    """The same text from one function (compat.radix_cache): what doctor calls OK starts."""
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RADIX_CACHE", "1")
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "0")
     with pytest.raises(ValueError) as refused:
@@ -128,17 +130,34 @@ def test_doctor_reports_the_grid_rules_off():
     assert off == [p.name for p in patches.release_points(patch_table, installed_version()) if p.grid_rule]
     assert len(off) >= 4  # at least the PrefillAdder's admission paths
     assert "sglang.srt.managers.scheduler.Scheduler.check_truncation_align_fits_chunk" not in off
+    assert report["radix_cache"].startswith("off, as stock (")  # one obstacle for every model: no mamba clause
+    assert ("the grid rules are off: SGLANG_CHUNK_ALIGN_RULES=0" in report["radix_cache"]) == sglang_at_least(
+        releases.RADIX_OPT_IN  # older releases name the release first
+    )
 
 
-def test_switch_refusals_are_in_the_schedulers_order():
+def test_doctor_shows_the_radix_cache_decision_next_to_the_switches():
+    result = _cli("doctor", SGLANG_CHUNK_ALIGN_RADIX_CACHE="0")
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    switch = lines.index("  SGLANG_CHUNK_ALIGN_RADIX_CACHE=0")
+    assert lines[switch + 2] == (
+        "  radix cache          under deterministic flashinfer: off, as stock (SGLANG_CHUNK_ALIGN_RADIX_CACHE=0)"
+    )
+
+
+def test_radix_refusals_are_in_the_schedulers_order():
     radix, rules = "SGLANG_CHUNK_ALIGN_RADIX_CACHE", "SGLANG_CHUNK_ALIGN_RULES"
     older = Version(releases.RELEASES[releases.RELEASES.index(releases.RADIX_OPT_IN) - 1])
-    assert switch_refusals({radix: False, rules: False}, older) == []
-    assert switch_refusals({radix: True, rules: True}, Version(releases.RADIX_OPT_IN)) == []
-    assert switch_refusals({radix: True, rules: True}, None) == []  # no release to check
-    release, grid_rules = switch_refusals({radix: True, rules: False}, older)
+    assert radix_cache({radix: False, rules: False}, older, mamba=True)[2] == []
+    assert radix_cache({radix: None, rules: False}, older, mamba=True)[2] == []  # unset: off, never refused
+    assert radix_cache({radix: True, rules: True}, Version(releases.RADIX_OPT_IN))[2] == []
+    assert radix_cache({radix: True, rules: True}, None)[2] == []  # no release to check
+    release, grid_rules, mamba = radix_cache({radix: True, rules: False}, older, mamba=True)[2]
     assert release == f"{RADIX_OPT_IN_NEEDS}: drop {radix}, or upgrade SGLang."
     assert grid_rules.startswith(f"{radix}=1 needs the grid rules ({rules} not 0)")
+    assert mamba.startswith(f"{radix}=1 is not supported with a mamba prefix cache")
+
 
 
 def test_doctor_without_sglang_says_so_once(fresh_python):

@@ -46,7 +46,7 @@ def test_newer_sglang_with_the_override_warns_and_checks_every_point(sglang_vers
     sglang_version("0.6.0")
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED", "1")
     patches.apply(patch_table, now=True)
-    assert patches.installed_names() == {p.name for p in patches.release_points(patch_table, Version("0.6.0")) if p.opt_in is None}
+    assert patches.installed_names() == {p.name for p in patches.release_points(patch_table, Version("0.6.0"))}
     assert "newer than the tested range" in caplog.text
 
 
@@ -54,6 +54,16 @@ def test_invalid_override_value_is_refused(monkeypatch):
     monkeypatch.setenv("SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED", "yes")
     with pytest.raises(ChunkAlignError, match="SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='yes' is not valid"):
         patches.apply(patch_table)
+    assert _stock()
+
+
+def test_invalid_radix_switch_is_refused_with_what_unset_means(monkeypatch):
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RADIX_CACHE", "yes")
+    with pytest.raises(ChunkAlignError) as refused:
+        patches.apply(patch_table)
+    assert str(refused.value) == (
+        "SGLANG_CHUNK_ALIGN_RADIX_CACHE='yes' is not valid: use 1 or 0 (unset means on where the grid rules make it exact)."
+    )
     assert _stock()
 
 
@@ -74,17 +84,6 @@ def test_declaration_that_sglang_already_has_is_a_changed_patch_point(monkeypatc
     with pytest.raises(ChunkAlignError, match="already exists in SGLang"):
         patches.apply(patch_table)
     assert not patches.installed_names()
-
-
-@pytest.mark.needs_radix_opt_in
-def test_list_that_already_holds_the_member_is_a_changed_patch_point(monkeypatch):
-    point = next(p for p in patch_table.PATCH_POINTS if isinstance(p, patches.AddMember))
-    owner, attribute = point.owner()
-    monkeypatch.setenv(point.opt_in, "1")
-    monkeypatch.setattr(owner, attribute, [*vars(owner)[attribute], point.member])
-    with pytest.raises(ChunkAlignError, match=f"{point.name} has changed: expected a list without {point.member!r}"):
-        patches.apply(patch_table, now=True)
-    assert _stock()
 
 
 def test_failed_load_guards_the_scheduler(sglang_version):

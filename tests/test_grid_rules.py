@@ -20,7 +20,7 @@ from sglang_chunk_align.planning import Rules, tile_conflicts
 
 pytestmark = pytest.mark.needs_grid_rules
 needs_radix_opt_in = pytest.mark.needs_radix_opt_in
-# Releases before the radix opt-in keep the radix cache off under deterministic flashinfer.
+# Releases before RADIX_OPT_IN keep the radix cache off under deterministic flashinfer, as stock.
 RADIX_MODES = st.booleans() if sglang_at_least(releases.RADIX_OPT_IN) else st.just(False)
 
 RULES = Rules()  # the rules where the backend does not say its geometry

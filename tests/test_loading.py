@@ -71,8 +71,7 @@ def _release_points():
 
 
 def _all_points():
-    """Every point for this release but the opt-in ones, which these runs do not select."""
-    return sorted(p.name for p in _release_points() if p.opt_in is None)
+    return sorted(p.name for p in _release_points())
 
 
 def _methods():

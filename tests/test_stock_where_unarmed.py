@@ -155,6 +155,31 @@ def test_alignment_steps_with_an_unarmed_live_backend_are_stock(kind, chunk):
     assert plugin == stock
 
 
+# --- The launcher's radix-cache decision (handle_deterministic_inference), where no scheduler arms.
+
+# Server args whose prefill does not run FlashInferAttnBackend's fa2 under deterministic inference.
+UNARMED_SERVERS = [
+    ("attention", {"enable_deterministic_inference": False, "attention_backend": "flashinfer"}),
+    ("attention", {"enable_deterministic_inference": True, "attention_backend": "triton"}),
+    ("attention", {"enable_deterministic_inference": True, "attention_backend": "fa3"}),
+    ("attention", {"enable_deterministic_inference": True, "attention_backend": "flashinfer",
+                   "prefill_attention_backend": "fa3"}),
+    ("mla", {"enable_deterministic_inference": True, "attention_backend": "flashinfer"}),  # FlashInferMLAAttnBackend
+]
+
+
+@pytest.mark.needs_radix_opt_in
+def test_the_launchers_radix_cache_decision_where_unarmed_is_stock(model_paths, resolved_by_launcher):
+    """The same radix cache, or the same error (stock refuses absorbed MLA on flashinfer), and the
+    same log lines, whatever the plugin's radix switch says."""
+    cases = [(model_paths[model], {} if radix is None else {RADIX_CACHE_ENV: radix}, fields)
+             for model, fields in UNARMED_SERVERS for radix in (None, "0", "1")]
+    outcomes = resolved_by_launcher(cases)
+    assert outcomes["plugin"] == outcomes["stock"]
+    assert {outcome[0] for outcome in outcomes["stock"]} == {"disable_radix_cache", "ValueError"}
+    assert {outcome[1] for outcome in outcomes["stock"] if outcome[0] == "disable_radix_cache"} == {False, True}
+
+
 # --- PrefillAdder, match_kv_cache and the radix tree's checkpoint, with the rules not in force.
 
 prompt = st.tuples(st.integers(1, 1500), st.integers(0, 1500), st.integers(0, 8), st.booleans())

@@ -345,7 +345,8 @@ def test_chat_without_radix_hits_fails_unless_radix_is_said_to_be_off(capsys, st
     for label in ("sequential", "concurrent"):
         assert (
             f"FAILED: chat {label}: the radix cache was never hit on {server.url}: start the server with the radix cache "
-            "on (SGLANG_CHUNK_ALIGN_RADIX_CACHE=1), or pass --no-radix if it runs without one"
+            "on (the plugin's default under deterministic flashinfer; its startup line says why where it is off), "
+            "or pass --no-radix if it runs without one"
         ) in out.splitlines()
     assert "mixed" not in "".join(line for line in out.splitlines() if line.startswith("FAILED"))
     assert run_verify(capsys, "--server", server.url, *FAST, *IDS, "--no-radix")[0] == 0
