@@ -140,8 +140,9 @@ def test_doctor_shows_the_radix_cache_decision_next_to_the_switches():
     result = _cli("doctor", SGLANG_CHUNK_ALIGN_RADIX_CACHE="0")
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     lines = result.stdout.splitlines()
-    switch = lines.index("  SGLANG_CHUNK_ALIGN_RADIX_CACHE=0")
-    assert lines[switch + 2] == (
+    switch, plugins = lines.index("  SGLANG_CHUNK_ALIGN_RADIX_CACHE=0"), lines.index(
+        next(line for line in lines if line.startswith("  SGLANG_PLUGINS ")))
+    assert switch < plugins and lines[plugins + 1] == (
         "  radix cache          under deterministic flashinfer: off, as stock (SGLANG_CHUNK_ALIGN_RADIX_CACHE=0)"
     )
 
