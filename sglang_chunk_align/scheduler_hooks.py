@@ -137,7 +137,7 @@ def _log(startup, align):
     if startup.backend is None:
         return
     logger.info(
-        "sglang-chunk-align: prefill chunks aligned to %s (%s.prefill_chunk_align = %s); grid rules %s%s",
+        "sglang-chunk-align: prefill chunks aligned to %s (%s.prefill_chunk_align = %s); grid rules %s%s%s",
         f"{align} tokens" if align else "nothing", type(startup.backend).__name__, startup.q_tile,
         _describe_rules(startup.rules, startup.backend) if startup.rules else "off" if startup.rules_available
         else "not available on this SGLang release",
