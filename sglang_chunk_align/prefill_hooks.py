@@ -3,8 +3,8 @@
 A 128-token chunk alignment alone still lets SGLang start extends off the
 grid (radix hits, memory-pressure and ignore_eos cuts), leave tiny final
 chunks, and batch requests onto a smaller fa2 tile than their solo prefill.
-These wrappers apply planning.py's rules inside SGLang's own admission
-paths.
+These wrappers are adapters: each reads SGLang's values, asks one decision
+(decisions.py, planning.py) and hands the answer back to stock.
 
 How the rules reach them is the one hand-off not visible at a call site:
 SGLang builds a new PrefillAdder every step and Req calls match_kv_cache
@@ -32,7 +32,8 @@ import sys
 from dataclasses import replace
 
 from .compat import req_extend_end, req_prefix_len
-from .planning import KEEP, RIDE, WAIT, chunk_end, published_len, tile_conflicts, usable_prefix
+from .decisions import admission_end, continuation_cut, deferral, ignore_eos_end, riding_slack, short_tail
+from .planning import published_len, usable_prefix
 
 logger = logging.getLogger("sglang_chunk_align")
 
@@ -62,10 +63,10 @@ class Step:
     def __init__(self, rules):
         self.rules = rules  # the Rules in force when the step began
         # What the continuation's cut depends on besides its chunk, decided before stock cuts it
-        # (_prepare_continuation): tokens beyond the chunk budget that its riding final piece
+        # (_before_continuation): tokens beyond the chunk budget that its riding final piece
         # takes (ride_on_budget answers with them), and how a short final piece is handled.
         self.ride_slack = 0
-        self.continuation_tail = None  # planning's KEEP or WAIT
+        self.continuation_tail = None  # decisions.short_tail's KEEP or WAIT
         self.parked = False  # the chunked request waits this step for a grid cut (keep_solo_tiles reads it)
         # The cut length ignore_eos_on_grid decided, for floor_chunked_tokens to hand back (0.5.23+).
         self.ignore_eos_cut = None
@@ -109,23 +110,18 @@ def match_on_grid(wrapped, instance, args, kwargs):
 
 
 def admit_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder._select_prefill_admission: cut a chunked admission on the grid.
-
-    A short final piece rides with a request's first extend only when the
-    chunk budget alone cut it: add_one_req has checked KV memory for the
-    whole prompt, and the admission is then a whole one (not chunked).
-    """
+    """Wraps PrefillAdder._select_prefill_admission: a chunked admission ends where
+    decisions.admission_end says, as stock's own admission (OTHER where the request waits)."""
     admission = wrapped(*args, **kwargs)
     step = step_of(instance)
     if step is None or not getattr(admission, "is_chunked", False):
         return admission
-    if _unfinished_chunk_in_batch(instance):
-        return _schedule_policy().AddReqResult.OTHER
     req = args[0] if args else kwargs["req"]
-    start = admission.prefix_len
-    prompt_len = len(req.full_untruncated_fill_ids)
-    may_ride = not instance.can_run_list and admission.extend_len >= instance.rem_chunk_tokens
-    end = _grid_cut(step.rules, start, admission.extend_len, prompt_len, _short_tail(instance, may_ride))
+    start, prompt_len = admission.prefix_len, len(req.full_untruncated_fill_ids)
+    end = admission_end(
+        step.rules, start, admission.extend_len, prompt_len, instance.rem_chunk_tokens,
+        bool(instance.can_run_list), _unfinished_chunk_in_batch(instance), _running(instance),
+    )
     if end == start:
         return _schedule_policy().AddReqResult.OTHER
     if end == prompt_len:
@@ -136,42 +132,27 @@ def admit_on_grid(wrapped, instance, args, kwargs):
     return replace(admission, extend_len=end - start)
 
 
-def _prepare_continuation(step, adder, req):
-    """Decide what `req`'s continuation cut depends on besides its chunk, from the adder's state
-    before stock cuts it: step.ride_slack and step.continuation_tail. The scheduler continues its
-    chunked request first, on a fresh adder, so no other request is in the batch yet."""
-    step.ride_slack = _ride_slack(step, adder, req)
-    step.continuation_tail = _short_tail(adder)
-
-
-def _continuation_cut(step, length, remaining):
-    """A continuation's cut `length` of `remaining` tokens, on the grid; None where the budget
-    holds no grid cut, and the request must wait."""
-    if length >= remaining:
-        return length
-    return _grid_cut(step.rules, 0, length, remaining, step.continuation_tail) or None
-
-
 def continue_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_chunked_req (0.5.21+): decide what the continuation's cut depends on
-    (_prepare_continuation), for its memory budget to answer with.
+    """Wraps PrefillAdder.add_chunked_req (0.5.21+): a continuation is cut where
+    decisions.continuation_cut says, through its memory budget's answers.
 
     Stock takes the continuation's chunk from the adder's memory budget:
-    available_chunk_tokens(rem_chunk_tokens) (ride_on_budget adds the slack,
-    so stock checks KV memory for the whole piece), then fit_chunk, whose
-    None makes stock return the request to wait (fit_on_grid cuts there).
-    Only add_chunked_req calls them, once per step (tests/test_release_wheels.py
-    checks each release's source).
+    available_chunk_tokens(rem_chunk_tokens), which ride_on_budget raises by
+    the riding slack decided here (so stock checks KV memory for the whole
+    piece), then fit_chunk, whose None makes stock return the request to wait
+    (fit_on_grid cuts there). Only add_chunked_req calls them, once per step
+    (tests/test_release_wheels.py checks each release's source).
     """
     step = step_of(instance)
     if step is not None:
-        _prepare_continuation(step, instance, args[0] if args else kwargs["req"])
+        req = args[0] if args else kwargs["req"]
+        step.ride_slack, step.continuation_tail = _before_continuation(step.rules, instance, req)
     return wrapped(*args, **kwargs)
 
 
 def ride_on_budget(wrapped, instance, args, kwargs):
     """Wraps the memory budget's available_chunk_tokens (0.5.21+): the chunk a continuation may
-    take, with the riding final piece's slack (step.ride_slack) added to the chunk budget."""
+    take, with its riding final piece's slack (Step.ride_slack) added to the chunk budget."""
     step = instance.__dict__.get(_STEP)
     if step is None or not step.ride_slack:
         return wrapped(*args, **kwargs)
@@ -181,44 +162,51 @@ def ride_on_budget(wrapped, instance, args, kwargs):
 
 def fit_on_grid(wrapped, instance, args, kwargs):
     """Wraps the memory budget's fit_chunk (0.5.21+), the last answer on a continuation's chunk
-    that can say "wait" (None): the chunk cut on the grid, or None where the budget holds no grid
-    cut. A request that waits so is parked (keep_solo_tiles)."""
+    that can say "wait" (None): decisions.continuation_cut of stock's answer. A request that
+    waits so is parked (keep_solo_tiles)."""
     limit = wrapped(*args, **kwargs)
     step = instance.__dict__.get(_STEP)
     if step is None or limit is None:
         return limit
-    cut = _continuation_cut(step, limit, kwargs["extend_input_len"])
+    cut = continuation_cut(step.rules, limit, kwargs["extend_input_len"], step.continuation_tail)
     step.parked = cut is None
     return cut
 
 
 def continue_on_grid_by_clamp(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_chunked_req on 0.5.20, which has no memory budget object: the cut
-    is decided before stock runs, and stock is given it as its chunk budget.
+    """Wraps PrefillAdder.add_chunked_req on 0.5.20, which has no memory budget object: the same
+    decisions as continue_on_grid, over stock's clamp read before stock runs (_stock_clamp), with
+    stock given the cut as its chunk budget.
 
-    0.5.20 clamps the continuation itself (_stock_clamp) and hands the cut
-    to req.set_extend_range only: no function of it can answer "wait", so a
-    continuation with no grid cut waits here, without calling stock.
-    Stock's own wait (hybrid SWA with no room) returns the request as well;
-    both come before stock reports to the prefill delayer, which then
-    counts the rank not prefillable.
+    0.5.20 hands the cut to req.set_extend_range only: no function of it can
+    answer "wait", so a continuation with no grid cut waits here, without
+    calling stock. Stock's own wait (hybrid SWA with no room) returns the
+    request as well; both come before stock reports to the prefill delayer,
+    which then counts the rank not prefillable.
     """
     step = step_of(instance)
     req = args[0] if args else kwargs["req"]
     if step is None or instance.dllm_config is not None:  # dLLM chunks come from rem_dllm_tokens
         return wrapped(*args, **kwargs)
-    _prepare_continuation(step, instance, req)
+    slack, tail = _before_continuation(step.rules, instance, req)
     limit = _stock_clamp(instance)
-    if step.ride_slack or limit is None:
-        return _stock_with_chunk_budget(wrapped, args, kwargs, instance, step.ride_slack)
+    if slack or limit is None:
+        return _stock_with_chunk_budget(wrapped, args, kwargs, instance, slack)
     remaining = len(req.full_untruncated_fill_ids) - req_prefix_len(req)
-    cut = _continuation_cut(step, min(limit, remaining), remaining)
+    cut = continuation_cut(step.rules, min(limit, remaining), remaining, tail)
     if cut is None:
         step.parked = True
         return req
     if cut == min(limit, remaining):
         return wrapped(*args, **kwargs)
     return _stock_with_chunk_budget(wrapped, args, kwargs, instance, cut - instance.rem_chunk_tokens)
+
+
+def _before_continuation(rules, adder, req):
+    """What a continuation's cut depends on besides its chunk, read off the adder before stock cuts
+    it: (its riding slack, how a short final piece is handled: decisions.short_tail)."""
+    slack = riding_slack(rules, req_prefix_len(req), adder.rem_chunk_tokens, len(req.full_untruncated_fill_ids))
+    return slack, short_tail(False, bool(adder.can_run_list), _running(adder))
 
 
 def _stock_clamp(adder):
@@ -237,9 +225,9 @@ def _stock_clamp(adder):
 
 
 def ignore_eos_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_one_req_ignore_eos on 0.5.23+: its chunk ends on the grid, or it
-    waits. Stock passes the chunk budget through floor_chunked_tokens, which hands back the cut
-    decided here (hand_back_ignore_eos_cut)."""
+    """Wraps PrefillAdder.add_one_req_ignore_eos on 0.5.23+: its chunk ends where
+    decisions.ignore_eos_end says, or it waits. Stock passes the chunk budget through
+    floor_chunked_tokens, which hands back the cut decided here (hand_back_ignore_eos_cut)."""
     return _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back=True)
 
 
@@ -247,20 +235,20 @@ def ignore_eos_on_grid_by_chunk_budget(wrapped, instance, args, kwargs):
     """Wraps PrefillAdder.add_one_req_ignore_eos before 0.5.23, which cuts at rem_chunk_tokens
     itself (0.5.22 writes req.extend_end from it; 0.5.20-0.5.21 pass it to Req.set_extend_range,
     which every admission and mixed-in decode calls, and whose Req knows no step): the budget is
-    lowered to the cut for the stock call."""
+    moved to the cut for the stock call."""
     return _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back=False)
 
 
 def _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back):
     """An ignore_eos chunk ends on the grid, or the request waits.
 
-    Stock reports the rank prefillable to the prefill delayer before it cuts
-    the chunk, so a request the grid leaves no cut for is deferred before
-    stock runs at all, never after it has reported. The cut is decided here
-    once. A cut beyond the budget (the short final piece rides along) raises
-    the budget for the call: stock's "last chunk" test reads rem_chunk_tokens
-    itself. A cut below it lowers the budget where floor_chunked_tokens
-    cannot hand it back.
+    Stock cuts only where the chunk budget is below what is left of the
+    prompt, and reports the rank prefillable to the prefill delayer before
+    it cuts, so a request the grid leaves no cut for is deferred before
+    stock runs at all, never after it has reported. A cut beyond the budget
+    (the short final piece rides along) raises the budget for the call:
+    stock's "last chunk" test reads rem_chunk_tokens itself. A cut below it
+    lowers the budget where floor_chunked_tokens cannot hand it back.
     """
     step = step_of(instance)
     req = args[0] if args else kwargs["req"]
@@ -268,9 +256,9 @@ def _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back):
     start, prompt_len = req_prefix_len(req), len(req.full_untruncated_fill_ids)
     if step is None or budget is None or not 0 < budget < prompt_len - start:
         return wrapped(*args, **kwargs)
-    if _unfinished_chunk_in_batch(instance):
-        return _schedule_policy().AddReqResult.OTHER
-    end = _grid_cut(step.rules, start, budget, prompt_len, _short_tail(instance, not instance.can_run_list), warn=False)
+    end = ignore_eos_end(
+        step.rules, start, budget, prompt_len, bool(instance.can_run_list), _unfinished_chunk_in_batch(instance)
+    )
     if end == start:
         return _schedule_policy().AddReqResult.OTHER
     cut = end - start
@@ -288,7 +276,7 @@ def _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back):
 
 def hand_back_ignore_eos_cut(wrapped, instance, args, kwargs):
     """Wraps PrefillAdder.floor_chunked_tokens (0.5.23+): an ignore_eos chunk is cut where
-    ignore_eos_on_grid decided (step.ignore_eos_cut), through stock's own flooring.
+    ignore_eos_on_grid decided (Step.ignore_eos_cut), through stock's own flooring.
 
     Continuation cuts pass through: fit_on_grid has put them on the grid.
     Stock moves a cut here only under DCP with the mamba extra buffer, down
@@ -322,48 +310,20 @@ def _stock_with_chunk_budget(wrapped, args, kwargs, adder, tokens):
         adder.rem_chunk_tokens -= tokens
 
 
-def _ride_slack(step, adder, req):
-    """Tokens beyond the chunk budget that the continuation `req`'s riding final piece needs, or 0.
-    A continuation is alone in its batch (_prepare_continuation), so its piece may ride.
-
-    Only a piece shorter than min_tail rides, so chunk_end is asked only when
-    less than that lies beyond the budget (most continuations skip it).
-    """
-    if adder.rem_chunk_tokens is None:  # chunked prefill off, as stock reads None
-        return 0
-    start, prompt_len, budget = req_prefix_len(req), len(req.full_untruncated_fill_ids), adder.rem_chunk_tokens
-    beyond = prompt_len - start - budget
-    if 0 < beyond < step.rules.min_tail and chunk_end(start, budget, prompt_len, step.rules, RIDE) == prompt_len:
-        return beyond
-    return 0
-
-
 def keep_solo_tiles(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_one_req: defer a request that would move a member off its solo tile,
-    and every request behind a chunked request parked this step (step.parked).
-
-    The candidate's extend is not known before admission, but it is at least
-    min(remaining, min_tail) tokens; the batch tile only grows with it, and
-    any conflict this bound misses is the candidate's own, which it catches.
-    Its KV is taken as its whole prompt, so that the short-KV exemption
-    never excuses it on the strength of that lower bound.
-    """
+    """Wraps PrefillAdder.add_one_req: a new request waits where decisions.deferral says (behind a
+    chunked request parked this step, or to keep batch members on their solo tiles)."""
     step = step_of(instance)
     if step is None:
         return wrapped(*args, **kwargs)
-    if step.parked:
-        return _schedule_policy().AddReqResult.OTHER
-    if not instance.can_run_list:
-        return wrapped(*args, **kwargs)
     req = args[0] if args else kwargs["req"]
-    prompt_len = len(req.full_untruncated_fill_ids)
     start = req_prefix_len(req) + req.host_hit_length
-    extend = min(prompt_len - start, step.rules.min_tail)
-    members = [_member(r) for r in instance.can_run_list] + [(extend, prompt_len, prompt_len)]
-    if tile_conflicts(members, step.rules):
-        logger.debug("sglang-chunk-align: deferring %s to keep batch members on their solo tiles", req.rid)
-        return _schedule_policy().AddReqResult.OTHER
-    return wrapped(*args, **kwargs)
+    members = [_member(r) for r in instance.can_run_list]
+    reason = deferral(step.rules, step.parked, members, start, len(req.full_untruncated_fill_ids))
+    if reason is None:
+        return wrapped(*args, **kwargs)
+    logger.debug("sglang-chunk-align: deferring %s %s", req.rid, reason)
+    return _schedule_policy().AddReqResult.OTHER
 
 
 def publish_full_tiles(wrapped, instance, args, kwargs):
@@ -388,42 +348,13 @@ def publish_full_tiles(wrapped, instance, args, kwargs):
     return wrapped(*args, **{**kwargs, "up_to": up_to})
 
 
-def _short_tail(adder, may_ride=False):
-    """How a cut the adder makes treats a final piece too short for the full tile, as its state
-    allows: ride where the chunk budget alone cut a request that is alone in the batch (the
-    caller makes room); otherwise wait where other requests left the budget over or running
-    requests will free KV memory; keep the short piece only where nothing will free any, because
-    waiting there would be forever."""
-    if may_ride:
-        return RIDE
-    if adder.can_run_list or _running_requests_hold_kv(adder):
-        return WAIT
-    return KEEP
-
-
-def _grid_cut(rules, start, budget, prompt_len, short_tail, warn=True):
-    """chunk_end for an extend cut at `budget`, with `short_tail` (_short_tail). A short piece
-    kept is not bit-exact, and says so."""
-    end = chunk_end(start, budget, prompt_len, rules, short_tail)
-    if warn and short_tail == KEEP and 0 < prompt_len - end < rules.min_tail:
-        logger.warning(
-            "sglang-chunk-align: KV memory holds %d tokens, too few for the final %d of a prompt "
-            "with no running request to free more: its %d-token final piece runs on a smaller fa2 "
-            "tile than its solo prefill (not bit-exact). Give the KV cache more memory "
-            "(--mem-fraction-static) to avoid this.",
-            budget, prompt_len - start, prompt_len - end,
-        )
-    return end
-
-
-def _running_requests_hold_kv(adder):
+def _running(adder):
     """Decoding requests will finish and free KV memory; a piece that waits for it gets it."""
     return adder.running_batch is not None and bool(adder.running_batch.reqs)
 
 
 def _unfinished_chunk_in_batch(adder):
-    """SGLang tracks one unfinished chunked request. Stock fills the chunk
-    budget with it; the grid rules can leave budget over, for whole requests only."""
+    """Whether the batch holds SGLang's one unfinished chunked request."""
     return any(req_extend_end(r) < len(r.full_untruncated_fill_ids) for r in adder.can_run_list)
 
 
