@@ -4,27 +4,24 @@ A 128-token chunk alignment alone still lets SGLang start extends off the
 grid (radix hits, memory-pressure and ignore_eos cuts), leave tiny final
 chunks, and batch requests onto a smaller fa2 tile than their solo prefill.
 These wrappers are adapters: each reads SGLang's values, asks one decision
-(decisions.py, planning.py) and hands the answer back to stock.
+(decisions.py, planning.py) and hands the answer back to stock as one of
+stock's own answers, where stock takes it from a function: the memory
+budget's available_chunk_tokens and fit_chunk (0.5.21+; fit_chunk's None is
+stock's own "wait"), floor_chunked_tokens (0.5.23+); or, where stock reads
+rem_chunk_tokens itself, the chunk budget moved for the one stock call
+(_stock_with_chunk_budget). Nothing is raised through SGLang's frames, and no
+method is overridden on an instance.
 
 How the rules reach them is the one hand-off not visible at a call site:
 SGLang builds a new PrefillAdder every step and Req calls match_kv_cache
 itself, so no argument can carry the rules. The scheduler's startup check
 (scheduler_hooks) calls activate() once per process with the Rules for its
-live backend, and patches.remove() calls activate(None) (patch_table.reset); rules_in_force() is
-the one reader. While it answers None (no deterministic flashinfer
-scheduler, or the rules switched off) every wrapper passes through.
+live backend, and patches.remove() calls activate(None) (patch_table.reset);
+rules_in_force() is the one reader. While it answers None (no deterministic
+flashinfer scheduler, or the rules switched off) every wrapper passes through.
 
-Within a scheduling step the wrappers share one explicit state object, the
-adder's Step (step_of), kept on the adder and on its memory budget (both made
-per step): the rules in force for that step, what a wrapper decided for stock
-to be answered with (a continuation's riding slack and short-tail handling,
-an ignore_eos cut), and whether the chunked request waits this step. A decision reaches stock only as
-the answer of a stock function that stock takes it from: the memory budget's
-available_chunk_tokens and fit_chunk (0.5.21+; fit_chunk's None is stock's
-own "wait"), floor_chunked_tokens (0.5.23+); or, where stock reads
-rem_chunk_tokens itself and no function carries the answer, the chunk budget
-moved for the one stock call (_stock_with_chunk_budget). Nothing is raised
-through SGLang's frames, and no method is overridden on an instance.
+What one wrapper decides for a later call of the same step lives in the
+step's one Step (step_of).
 """
 
 import logging
@@ -38,11 +35,12 @@ from .planning import published_len, usable_prefix
 logger = logging.getLogger("sglang_chunk_align")
 
 _rules = None  # the Rules this process's scheduler activated, or None: read through rules_in_force()
+_step = None  # the Step of the PrefillAdder scheduling now, or None: read through step_of()
 
 
 def activate(rules):
-    global _rules
-    _rules = rules
+    global _rules, _step
+    _rules, _step = rules, None
 
 
 def rules_in_force():
@@ -51,40 +49,45 @@ def rules_in_force():
 
 
 class Step:
-    """The plugin's state for one scheduling step, kept on that step's PrefillAdder (one per step)
-    and on the adder's memory budget (0.5.21+, made with the adder), whose wrappers answer for it.
+    """The plugin's state for one PrefillAdder's scheduling step: what a wrapper decided for a
+    later call of the same step to answer with.
+
+    Its lifetime is one adder's. SGLang makes a PrefillAdder per scheduling
+    step, one at a time (each scheduler is a process of its own); the Step is
+    made at the first wrapper call on an adder, held in this module alone
+    (_step) and replaced at the first call on the next adder, or dropped by
+    activate(); holding its adder until then keeps the requests of the last
+    batch alive at most until the next step. Fields that answer a stock call
+    made inside a wrapped one are set only for that call.
 
     A plain class with slots: the methods a dataclass generates cost every
     process that loads plugins time at import (~1 ms for PatchPoint's, commit 304b862).
     """
 
-    __slots__ = ("rules", "ride_slack", "continuation_tail", "parked", "ignore_eos_cut")
+    __slots__ = ("adder", "rules", "ride_slack", "continuation_tail", "parked", "ignore_eos_cut")
 
-    def __init__(self, rules):
+    def __init__(self, adder, rules):
+        self.adder = adder  # whose step this is
         self.rules = rules  # the Rules in force when the step began
-        # What the continuation's cut depends on besides its chunk, decided before stock cuts it
-        # (_before_continuation): tokens beyond the chunk budget that its riding final piece
-        # takes (ride_on_budget answers with them), and how a short final piece is handled.
+        # While stock's add_chunked_req runs (continue_on_grid): the riding slack its memory budget's
+        # available_chunk_tokens adds (ride_on_budget), and how fit_chunk's cut (fit_on_grid) treats a
+        # short final piece (decisions.short_tail); 0 and None outside that call.
         self.ride_slack = 0
-        self.continuation_tail = None  # decisions.short_tail's KEEP or WAIT
+        self.continuation_tail = None
         self.parked = False  # the chunked request waits this step for a grid cut (keep_solo_tiles reads it)
-        # The cut length ignore_eos_on_grid decided, for floor_chunked_tokens to hand back (0.5.23+).
+        # While stock's add_one_req_ignore_eos runs (0.5.23+): the cut floor_chunked_tokens hands back.
         self.ignore_eos_cut = None
-
-
-_STEP = "_sglang_chunk_align_step"  # the attribute of a PrefillAdder and of its memory budget that holds its Step
 
 
 def step_of(adder):
     """The adder's Step, made at the first wrapper call of its step; None while no rules are in force."""
-    step = adder.__dict__.get(_STEP)
-    if step is None:
-        rules = rules_in_force()
-        if rules is not None:
-            step = adder.__dict__[_STEP] = Step(rules)
-            budget = adder.__dict__.get("memory_budget")  # 0.5.21+
-            if budget is not None:
-                budget.__dict__[_STEP] = step
+    global _step
+    step = _step
+    if step is not None and step.adder is adder:
+        return step
+    if _rules is None:
+        return None
+    step = _step = Step(adder, _rules)
     return step
 
 
@@ -140,20 +143,25 @@ def continue_on_grid(wrapped, instance, args, kwargs):
     available_chunk_tokens(rem_chunk_tokens), which ride_on_budget raises by
     the riding slack decided here (so stock checks KV memory for the whole
     piece), then fit_chunk, whose None makes stock return the request to wait
-    (fit_on_grid cuts there). Only add_chunked_req calls them, once per step
-    (tests/test_release_wheels.py checks each release's source).
+    (fit_on_grid cuts there). Only add_chunked_req calls them, once each
+    (tests/test_release_wheels.py checks each release's source), so the step
+    holds what they answer with for this call alone.
     """
     step = step_of(instance)
-    if step is not None:
-        req = args[0] if args else kwargs["req"]
-        step.ride_slack, step.continuation_tail = _before_continuation(step.rules, instance, req)
-    return wrapped(*args, **kwargs)
+    if step is None:
+        return wrapped(*args, **kwargs)
+    req = args[0] if args else kwargs["req"]
+    step.ride_slack, step.continuation_tail = _before_continuation(step.rules, instance, req)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        step.ride_slack, step.continuation_tail = 0, None
 
 
 def ride_on_budget(wrapped, instance, args, kwargs):
     """Wraps the memory budget's available_chunk_tokens (0.5.21+): the chunk a continuation may
     take, with its riding final piece's slack (Step.ride_slack) added to the chunk budget."""
-    step = instance.__dict__.get(_STEP)
+    step = _step
     if step is None or not step.ride_slack:
         return wrapped(*args, **kwargs)
     chunk_limit = args[0] if args else kwargs["chunk_limit"]
@@ -165,8 +173,8 @@ def fit_on_grid(wrapped, instance, args, kwargs):
     that can say "wait" (None): decisions.continuation_cut of stock's answer. A request that
     waits so is parked (keep_solo_tiles)."""
     limit = wrapped(*args, **kwargs)
-    step = instance.__dict__.get(_STEP)
-    if step is None or limit is None:
+    step = _step
+    if step is None or step.continuation_tail is None or limit is None:
         return limit
     cut = continuation_cut(step.rules, limit, kwargs["extend_input_len"], step.continuation_tail)
     step.parked = cut is None
@@ -283,7 +291,7 @@ def hand_back_ignore_eos_cut(wrapped, instance, args, kwargs):
     onto the mamba kernel grid: a grid cut stays on the grid there where one
     grid divides the other.
     """
-    step = step_of(instance)
+    step = _step
     if step is None or step.ignore_eos_cut is None:
         return wrapped(*args, **kwargs)
     return wrapped(step.ignore_eos_cut, args[1] if len(args) > 1 else kwargs["remaining"])

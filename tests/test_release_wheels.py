@@ -280,7 +280,7 @@ def _answers_continuations(point):
     "release", [r for r in RELEASES if any(_answers_continuations(p) for p in release_points(patch_table, Version(r)))]
 )
 def test_budget_wrappers_answer_continuations_only(release):
-    """ride_on_budget and fit_on_grid answer whatever call reaches a budget that holds a Step:
+    """ride_on_budget and fit_on_grid answer whatever budget call comes while a continuation is cut:
     stock must call those methods for a continuation only (PrefillAdder.add_chunked_req), and no
     budget method may call another one's (super().fit_chunk would apply a wrapper twice)."""
     needles = [f".{method}(".encode() for method in CONTINUATION_ONLY]
