@@ -183,8 +183,9 @@ def fit_on_grid(wrapped, instance, args, kwargs):
 
 def continue_on_grid_by_clamp(wrapped, instance, args, kwargs):
     """Wraps PrefillAdder.add_chunked_req on 0.5.20, which has no memory budget object: the same
-    decisions as continue_on_grid, over stock's clamp read before stock runs (_stock_clamp), with
-    stock given the cut as its chunk budget.
+    decisions as continue_on_grid, over the clamp stock makes with its chunk budget raised by the
+    riding slack (_stock_clamp, read before stock runs); stock then runs with its chunk budget
+    moved to the cut.
 
     0.5.20 hands the cut to req.set_extend_range only: no function of it can
     answer "wait", so a continuation with no grid cut waits here, without
@@ -197,17 +198,17 @@ def continue_on_grid_by_clamp(wrapped, instance, args, kwargs):
     if step is None or instance.dllm_config is not None:  # dLLM chunks come from rem_dllm_tokens
         return wrapped(*args, **kwargs)
     slack, tail = _before_continuation(step.rules, instance, req)
-    limit = _stock_clamp(instance)
-    if slack or limit is None:
-        return _stock_with_chunk_budget(wrapped, args, kwargs, instance, slack)
+    budget = instance.rem_chunk_tokens
+    limit = _stock_clamp(instance, budget + slack)
+    if limit is None:  # stock's own wait
+        return wrapped(*args, **kwargs)
     remaining = len(req.full_untruncated_fill_ids) - req_prefix_len(req)
-    cut = continuation_cut(step.rules, min(limit, remaining), remaining, tail)
+    stock_cut = min(limit, remaining)  # stock's, its chunk budget raised by the slack
+    cut = continuation_cut(step.rules, stock_cut, remaining, tail)
     if cut is None:
         step.parked = True
         return req
-    if cut == min(limit, remaining):
-        return wrapped(*args, **kwargs)
-    return _stock_with_chunk_budget(wrapped, args, kwargs, instance, cut - instance.rem_chunk_tokens)
+    return _stock_with_chunk_budget(wrapped, args, kwargs, instance, slack if cut == stock_cut else cut - budget)
 
 
 def _before_continuation(rules, adder, req):
@@ -217,19 +218,20 @@ def _before_continuation(rules, adder, req):
     return slack, short_tail(False, bool(adder.can_run_list), _running(adder))
 
 
-def _stock_clamp(adder):
-    """The chunk 0.5.20's add_chunked_req gives a continuation, read as it reads it (budget,
-    KV memory, the SWA pool), or None where stock returns the request to wait.
+def _stock_clamp(adder, chunk_budget):
+    """The chunk 0.5.20's add_chunked_req gives a continuation with `chunk_budget` as its
+    rem_chunk_tokens, read as it reads it (budget, KV memory, the SWA pool), or None where stock
+    returns the request to wait: what 0.5.21+ asks its memory budget (available_chunk_tokens).
 
     A restatement of those stock lines, which hand their answer to no
     function; tests/test_release_wheels.py checks 0.5.20's source has them.
     """
-    limit = min(adder.rem_chunk_tokens, int(adder.rem_total_tokens))
+    limit = min(chunk_budget, int(adder.rem_total_tokens))
     if adder.is_hybrid_swa and not adder._swa_req_ring:
         limit = min(limit, int(adder.rem_swa_tokens) - adder.page_size)
     if limit > 0:
         return limit
-    return None if adder.is_hybrid_swa else adder.rem_chunk_tokens
+    return None if adder.is_hybrid_swa else chunk_budget
 
 
 def ignore_eos_on_grid(wrapped, instance, args, kwargs):

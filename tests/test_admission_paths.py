@@ -126,6 +126,24 @@ def test_short_final_piece_of_a_continuation_rides_along(plugin, rules, end):
             assert budget.fit_chunk(extend_input_len=144, max_new_tokens=0, chunk_limit=100) == 100
 
 
+@pytest.mark.parametrize("running", [False, True])
+def test_riding_final_piece_under_a_memory_clamp_is_cut_on_the_grid(plugin, caplog, running):
+    """Chunk 128 from 896 of 1040 lets the 16-token tail ride (144 tokens), but KV memory holds 136:
+    the continuation is cut at the grid's 1024, the short piece kept with a WARNING where nothing
+    runs to free memory, or it waits where a request runs, as any memory-bound continuation."""
+    with adder_with(128, kv_tokens=136, rules=True) as (new_adder, new_req):
+        req = new_req(0, 1040)
+        continue_from(req, 896)
+        running_batch = SimpleNamespace(batch_size=lambda: 1, reqs=[new_req(1, 8)]) if running else None
+        adder = new_adder(running_batch)
+        assert adder.add_chunked_req(req) is req  # not finished
+        if running:
+            assert adder.can_run_list == []
+        else:
+            assert adder.can_run_list == [req] and req_extend_end(req) == 1024
+            assert "16-token final piece runs on a smaller fa2 tile" in caplog.text
+
+
 @pytest.mark.parametrize("rules, end", [(True, 384), (False, 512)])
 def test_new_request_ends_a_grid_step_early_rather_than_leave_a_short_tail(plugin, rules, end):
     """Stock cuts 560 tokens at 512, leaving 48 (a 48-row tile); the rules cut at 384, leaving 176."""
