@@ -11,13 +11,16 @@ from hypothesis import strategies as st
 from sglang_chunk_align.decisions import (
     admission_end, continuation_cut, deferral, ignore_eos_end, riding_slack, short_tail,
 )
-from sglang_chunk_align.kernel_facts import FI072
+from sglang_chunk_align.kernel_facts import FI072, FI074
 from sglang_chunk_align.planning import KEEP, RIDE, WAIT, Rules
 
 # flashinfer 0.7.2's facts, whatever flashinfer is installed: the rules these tests pin.
 Rules = partial(Rules, facts=FI072)  # noqa: F811
 RULES = Rules()  # a 128-token grid, pieces of at least 65 tokens
-RULES_BY_GROUP = st.sampled_from([RULES, Rules(group=4), Rules(group=8, head_dim=128, page_size=16)])
+# Groups, a known head_dim, a page, and flashinfer 0.7.4's facts (starts anywhere: the page is the grid).
+SOME_RULES = st.sampled_from(
+    [RULES, Rules(group=4), Rules(group=8, head_dim=128, page_size=16), Rules(facts=FI074, page_size=16)]
+)
 SHORT_PIECE_KEPT = "final piece runs on a smaller fa2 tile"
 
 
@@ -69,7 +72,7 @@ def test_memory_bound_short_piece_is_kept_only_where_nothing_will_free_memory(ca
     assert "its 40-token final piece" in caplog.text and SHORT_PIECE_KEPT in caplog.text
 
 
-@given(data=st.data(), rules=RULES_BY_GROUP, others=st.booleans(), chunk_in_batch=st.booleans(),
+@given(data=st.data(), rules=SOME_RULES, others=st.booleans(), chunk_in_batch=st.booleans(),
        running=st.booleans())
 def test_an_admission_ends_on_the_grid_within_its_cut_or_rides(data, rules, others, chunk_in_batch, running):
     start, prompt_len = data.draw(request(rules))
@@ -91,7 +94,7 @@ def test_continuation_slack_takes_in_a_final_piece_no_earlier_cut_can_merge():
     assert riding_slack(RULES, 896, None, 1040) == 0  # chunked prefill off
 
 
-@given(data=st.data(), rules=RULES_BY_GROUP)
+@given(data=st.data(), rules=SOME_RULES)
 def test_riding_slack_is_only_what_lies_beyond_a_budget_with_no_grid_cut(data, rules):
     start, prompt_len = data.draw(request(rules))
     budget = data.draw(st.integers(1, prompt_len - start + 100))
@@ -109,7 +112,7 @@ def test_continuation_under_a_memory_clamp_is_cut_on_the_grid_or_waits():
     assert continuation_cut(RULES, 150, 168, KEEP) == 128  # nothing will free memory: kept
 
 
-@given(data=st.data(), rules=RULES_BY_GROUP, tail=st.sampled_from([WAIT, KEEP]))
+@given(data=st.data(), rules=SOME_RULES, tail=st.sampled_from([WAIT, KEEP]))
 def test_a_continuation_cut_is_on_the_grid_within_the_limit(data, rules, tail):
     remaining = data.draw(st.integers(1, 3000))
     limit = data.draw(st.integers(1, remaining + 200))
@@ -127,7 +130,7 @@ def test_ignore_eos_request_after_another_is_cut_on_the_grid_or_waits():
     assert ignore_eos_end(RULES, 0, 256, 1000, others=True, chunk_in_batch=True) == 0
 
 
-@given(data=st.data(), rules=RULES_BY_GROUP, others=st.booleans())
+@given(data=st.data(), rules=SOME_RULES, others=st.booleans())
 def test_an_ignore_eos_chunk_never_leaves_a_short_piece(data, rules, others):
     start, prompt_len = data.draw(request(rules, shortest=2))
     budget = data.draw(st.integers(1, prompt_len - start - 1))  # stock cuts only below what is left
