@@ -6,7 +6,10 @@ module binding its caller uses:
 schedule_batch imports match_kv_cache with `from ... import`, so the point is
 schedule_batch's name, not mem_cache.common's. Every version comes from
 releases.py. A point that only runs planning.py's grid rules says so
-(grid_rule=True): doctor reports it off under SGLANG_CHUNK_ALIGN_RULES=0.
+(grid_rule=True): doctor reports it off under SGLANG_CHUNK_ALIGN_RULES=0. A
+wrapped function's row also holds what its wrapper relies on there
+(patches.Wrap's signature, calls and statements), which
+tests/test_release_wheels.py checks in every release's source.
 """
 
 from . import backends, decode_wait, prefill_hooks, releases, scheduler_hooks
@@ -67,62 +70,83 @@ PATCH_POINTS = (
               "DSA and SWA layers both prefill; the chunk must suit both", f">={releases.DOTS_HYBRID_BACKENDS}"),
     Wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
          scheduler_hooks.init_alignment_and_check(rules_available=False),
-         "stock maps backend names to the 4096-token split tile and has no startup check", f"<{releases.GRID_RULES}"),
+         "stock maps backend names to the 4096-token split tile and has no startup check", f"<{releases.GRID_RULES}",
+         signature="self"),
     Wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
          scheduler_hooks.init_alignment_and_check(rules_available=True),
-         "as above; it activates the grid rules below", f"{GRID_RULES_RELEASES},<{_STOCK_CHECK}"),
+         "as above; it activates the grid rules below", f"{GRID_RULES_RELEASES},<{_STOCK_CHECK}", signature="self"),
     Wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
          scheduler_hooks.init_alignment_from_backend,
-         "stock maps backend names to the 4096-token split tile; read the live backend instead", f">={_STOCK_CHECK}"),
+         "stock maps backend names to the 4096-token split tile; read the live backend instead", f">={_STOCK_CHECK}",
+         signature="self"),
     Wrap(_SCHEDULER, "Scheduler.check_truncation_align_fits_chunk", scheduler_hooks.check_chunk_and_activate_rules,
          "stock points users at the split-tile variable and accepts chunks off the q-tile grid; "
-         "it activates the grid rules below", f">={_STOCK_CHECK}"),
+         "it activates the grid rules below", f">={_STOCK_CHECK}", signature="self"),
     Wrap(_SCHEDULER, "Scheduler._should_defer_prefill", decode_wait.bound_decode_wait,
          "stock runs every queued prefill chunk before decode: decoding requests wait behind all of them",
-         f">={releases.DECODE_WAIT}"),
+         f">={releases.DECODE_WAIT}", signature="self, running_batch"),
     Wrap("sglang.srt.entrypoints.engine", "Engine._launch_subprocesses", scheduler_hooks.refuse_ray_schedulers,
-         "Ray scheduler actors never load plugins: refuse deterministic flashinfer there, never run stock"),
+         "Ray scheduler actors never load plugins: refuse deterministic flashinfer there, never run stock",
+         signature="cls, server_args, ..."),
     # The grid rules (planning.py), where SGLang has every admission path they need.
     Wrap("sglang.srt.managers.schedule_batch", "match_kv_cache", prefill_hooks.match_on_grid,
          "a radix hit may end anywhere; Req.init_next_round_input calls this module binding", _RADIX,
-         grid_rule=True),
+         grid_rule=True, signature="req, tree_cache, ..., *, max_prefix_len"),
     Wrap(_POLICY, "PrefillAdder._select_prefill_admission", prefill_hooks.admit_on_grid,
          "SGLang floors a new request's chunk length but leaves final pieces too short for the full tile",
-         GRID_RULES_RELEASES, grid_rule=True),
+         GRID_RULES_RELEASES, grid_rule=True, signature="self, req, ..."),
     Wrap(_POLICY, "PrefillAdder.floor_chunked_tokens", prefill_hooks.hand_back_ignore_eos_cut,
          "stock floors an ignore_eos request's chunk budget here; the grid cut is handed back instead",
-         _FLOOR, grid_rule=True),
+         _FLOOR, grid_rule=True, signature="self, trunc_len, remaining"),
     Wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid,
          "a continuation's short final piece rides along: its memory budget is told the slack",
-         _BUDGET, grid_rule=True),
+         _BUDGET, grid_rule=True, signature="self, req",
+         calls=(("self.memory_budget.available_chunk_tokens", None),
+                ("self.memory_budget.fit_chunk", "extend_input_len"))),
     Wrap(_POLICY, "PrefillAdder.add_chunked_req", prefill_hooks.continue_on_grid_by_clamp,
          "as above, and a continuation whose clamp holds no grid cut waits: stock clamps it "
          "itself and has no answer that says wait", f"{GRID_RULES_RELEASES},<{releases.MEMORY_BUDGET}",
-         grid_rule=True),
+         grid_rule=True, signature="self, req",
+         statements=(  # the continuation's clamp, which prefill_hooks._stock_clamp restates
+             "_rem_tokens = min(self.rem_chunk_tokens, int(self.rem_total_tokens))",
+             "if self.is_hybrid_swa and (not self._swa_req_ring):",
+             "_rem_tokens = min(_rem_tokens, int(self.rem_swa_tokens) - self.page_size)",
+             "if _rem_tokens <= 0:",
+             "if self.is_hybrid_swa:",
+             "return req",
+             "_rem_tokens = self.rem_chunk_tokens",
+             "new_len = min(cand_extend_input_len, _rem_tokens)",
+         )),
     *(Wrap(_BUDGET_MODULE, f"{budget}.available_chunk_tokens", prefill_hooks.ride_on_budget,
-           "a continuation's chunk budget, which its riding final piece's slack raises", _BUDGET, grid_rule=True)
+           "a continuation's chunk budget, which its riding final piece's slack raises", _BUDGET, grid_rule=True,
+           signature="self, chunk_limit")
       for budget in ("PrefillBudget", "SWAPrefillBudget", "SharedSWAPrefillBudget")),
     *(Wrap(_BUDGET_MODULE, f"{budget}.fit_chunk", prefill_hooks.fit_on_grid,
            "continuation and memory-pressure cuts are not aligned at all; None is stock's wait", _BUDGET,
-           grid_rule=True)
+           grid_rule=True, signature="self, ..., *, extend_input_len")
       for budget in ("PrefillBudget", "SharedSWAPrefillBudget")),
     Wrap(_POLICY, "PrefillAdder.add_one_req_ignore_eos", prefill_hooks.ignore_eos_on_grid,
          "stock cuts an ignore_eos request at the chunk budget, off the grid; one with no grid cut "
-         "waits as a continuation does, before it reports to the prefill delayer", _FLOOR, grid_rule=True),
+         "waits as a continuation does, before it reports to the prefill delayer", _FLOOR, grid_rule=True,
+         signature="self, req", calls=(("self.floor_chunked_tokens", None),)),
     Wrap(_POLICY, "PrefillAdder.add_one_req_ignore_eos", prefill_hooks.ignore_eos_on_grid_by_chunk_budget,
          "as above; stock cuts at rem_chunk_tokens itself, which is lowered to the grid cut",
-         f"{GRID_RULES_RELEASES},<{releases.FLOOR_CHUNKED_TOKENS}", grid_rule=True),
+         f"{GRID_RULES_RELEASES},<{releases.FLOOR_CHUNKED_TOKENS}", grid_rule=True, signature="self, req",
+         statements=("trunc_len = self.rem_chunk_tokens",)),  # the chunk budget the cut is taken from
     Wrap(_POLICY, "PrefillAdder.add_one_req", prefill_hooks.keep_solo_tiles,
          "fa2 picks one tile per batch; thin batches move members off their solo tile, "
          "and requests behind a waiting chunked request would take its KV memory", GRID_RULES_RELEASES,
-         grid_rule=True),
+         grid_rule=True, signature="self, req, has_chunked_req, truncation_align_size"),
     Wrap("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache.checkpoint", prefill_hooks.publish_full_tiles,
          "the tree would serve KV computed in a prompt's partial final q-tile, or by decode", _RADIX,
-         grid_rule=True),
+         grid_rule=True, signature="self, req, ..., *, up_to"),
     Wrap("sglang.srt.arg_groups.attention_hook", "handle_deterministic_inference",
          scheduler_hooks.keep_radix_cache_where_exact,
          "stock turns the radix cache off under deterministic flashinfer; it stays on where the grid rules make it "
-         "exact (compat.radix_cache)", _RADIX),
+         "exact (compat.radix_cache)", _RADIX, signature="server_args",
+         # Stock reads the radix backends' list at call time, from the module the wrapper adds flashinfer through.
+         statements=("from sglang.srt.server_args import RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND",
+                     "if attention_backend not in RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND:")),
 )
 
 
@@ -138,7 +162,7 @@ def failure_guard(error):
     """
     return Wrap(_SCHEDULER, "Scheduler.init_deterministic_inference_config",
                 scheduler_hooks.refuse_deterministic_flashinfer(error),
-                "refuse deterministic flashinfer when the plugin could not patch SGLang")
+                "refuse deterministic flashinfer when the plugin could not patch SGLang", signature="self")
 
 
 def reset():

@@ -90,13 +90,24 @@ class PatchPoint:
 
 
 class Wrap(PatchPoint):
-    """A wrapt wrapper around a function or method SGLang has."""
+    """A wrapt wrapper around a function or method SGLang has, with the contract the wrapper relies
+    on there, which tests/test_release_wheels.py checks in every release's source:
 
-    __slots__ = ("wrapper",)
+    - `signature`: the parameters it reads, leading positional names in order ("..." allows
+      further ones; without it the function takes exactly these), names after "*" accepted by
+      keyword; None: none read;
+    - `calls`: (callee as written in the function, a keyword it must pass or None) for each stock
+      call inside it that the wrapper's answers reach;
+    - `statements`: stock statements it restates or relies on, as ast.unparse writes them.
+    """
 
-    def __init__(self, module, target, wrapper, reason, versions=ALL_RELEASES, *, grid_rule=False):
+    __slots__ = ("wrapper", "signature", "calls", "statements")
+
+    def __init__(self, module, target, wrapper, reason, versions=ALL_RELEASES, *, grid_rule=False, signature=None,
+                 calls=(), statements=()):
         super().__init__(module, target, reason, versions, grid_rule)
         self.wrapper = wrapper
+        self.signature, self.calls, self.statements = signature, calls, statements
 
     def problem(self, stock):
         if not (callable(stock) or isinstance(stock, classmethod)):

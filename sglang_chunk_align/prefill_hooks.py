@@ -3,28 +3,25 @@
 A 128-token chunk alignment alone still lets SGLang start extends off the
 grid (radix hits, memory-pressure and ignore_eos cuts), leave tiny final
 chunks, and batch requests onto a smaller fa2 tile than their solo prefill.
-These wrappers apply planning.py's rules inside SGLang's own admission
-paths.
+These wrappers are adapters: each reads SGLang's values, asks one decision
+(decisions.py, planning.py) and hands the answer back to stock as one of
+stock's own answers, where stock takes it from a function: the memory
+budget's available_chunk_tokens and fit_chunk (0.5.21+; fit_chunk's None is
+stock's own "wait"), floor_chunked_tokens (0.5.23+); or, where stock reads
+rem_chunk_tokens itself, the chunk budget moved for the one stock call
+(_stock_with_chunk_budget). Nothing is raised through SGLang's frames, and no
+method is overridden on an instance.
 
 How the rules reach them is the one hand-off not visible at a call site:
 SGLang builds a new PrefillAdder every step and Req calls match_kv_cache
 itself, so no argument can carry the rules. The scheduler's startup check
 (scheduler_hooks) calls activate() once per process with the Rules for its
-live backend, and patches.remove() calls activate(None) (patch_table.reset); rules_in_force() is
-the one reader. While it answers None (no deterministic flashinfer
-scheduler, or the rules switched off) every wrapper passes through.
+live backend, and patches.remove() calls activate(None) (patch_table.reset);
+rules_in_force() is the one reader. While it answers None (no deterministic
+flashinfer scheduler, or the rules switched off) every wrapper passes through.
 
-Within a scheduling step the wrappers share one explicit state object, the
-adder's Step (step_of), kept on the adder and on its memory budget (both made
-per step): the rules in force for that step, what a wrapper decided for stock
-to be answered with (a continuation's riding slack and short-tail handling,
-an ignore_eos cut), and whether the chunked request waits this step. A decision reaches stock only as
-the answer of a stock function that stock takes it from: the memory budget's
-available_chunk_tokens and fit_chunk (0.5.21+; fit_chunk's None is stock's
-own "wait"), floor_chunked_tokens (0.5.23+); or, where stock reads
-rem_chunk_tokens itself and no function carries the answer, the chunk budget
-moved for the one stock call (_stock_with_chunk_budget). Nothing is raised
-through SGLang's frames, and no method is overridden on an instance.
+What one wrapper decides for a later call of the same step lives in the
+step's one Step (step_of).
 """
 
 import logging
@@ -32,16 +29,18 @@ import sys
 from dataclasses import replace
 
 from .compat import req_extend_end, req_prefix_len
-from .planning import KEEP, RIDE, WAIT, chunk_end, published_len, tile_conflicts, usable_prefix
+from .decisions import admission_end, continuation_cut, deferral, ignore_eos_end, riding_slack, short_tail
+from .planning import published_len, usable_prefix
 
 logger = logging.getLogger("sglang_chunk_align")
 
 _rules = None  # the Rules this process's scheduler activated, or None: read through rules_in_force()
+_step = None  # the Step of the PrefillAdder scheduling now, or None: read through step_of()
 
 
 def activate(rules):
-    global _rules
-    _rules = rules
+    global _rules, _step
+    _rules, _step = rules, None
 
 
 def rules_in_force():
@@ -50,40 +49,45 @@ def rules_in_force():
 
 
 class Step:
-    """The plugin's state for one scheduling step, kept on that step's PrefillAdder (one per step)
-    and on the adder's memory budget (0.5.21+, made with the adder), whose wrappers answer for it.
+    """The plugin's state for one PrefillAdder's scheduling step: what a wrapper decided for a
+    later call of the same step to answer with.
+
+    Its lifetime is one adder's. SGLang makes a PrefillAdder per scheduling
+    step, one at a time (each scheduler is a process of its own); the Step is
+    made at the first wrapper call on an adder, held in this module alone
+    (_step) and replaced at the first call on the next adder, or dropped by
+    activate(); holding its adder until then keeps the requests of the last
+    batch alive at most until the next step. Fields that answer a stock call
+    made inside a wrapped one are set only for that call.
 
     A plain class with slots: the methods a dataclass generates cost every
     process that loads plugins time at import (~1 ms for PatchPoint's, commit 304b862).
     """
 
-    __slots__ = ("rules", "ride_slack", "continuation_tail", "parked", "ignore_eos_cut")
+    __slots__ = ("adder", "rules", "ride_slack", "continuation_tail", "parked", "ignore_eos_cut")
 
-    def __init__(self, rules):
+    def __init__(self, adder, rules):
+        self.adder = adder  # whose step this is
         self.rules = rules  # the Rules in force when the step began
-        # What the continuation's cut depends on besides its chunk, decided before stock cuts it
-        # (_prepare_continuation): tokens beyond the chunk budget that its riding final piece
-        # takes (ride_on_budget answers with them), and how a short final piece is handled.
+        # While stock's add_chunked_req runs (continue_on_grid): the riding slack its memory budget's
+        # available_chunk_tokens adds (ride_on_budget), and how fit_chunk's cut (fit_on_grid) treats a
+        # short final piece (decisions.short_tail); 0 and None outside that call.
         self.ride_slack = 0
-        self.continuation_tail = None  # planning's KEEP or WAIT
+        self.continuation_tail = None
         self.parked = False  # the chunked request waits this step for a grid cut (keep_solo_tiles reads it)
-        # The cut length ignore_eos_on_grid decided, for floor_chunked_tokens to hand back (0.5.23+).
+        # While stock's add_one_req_ignore_eos runs (0.5.23+): the cut floor_chunked_tokens hands back.
         self.ignore_eos_cut = None
-
-
-_STEP = "_sglang_chunk_align_step"  # the attribute of a PrefillAdder and of its memory budget that holds its Step
 
 
 def step_of(adder):
     """The adder's Step, made at the first wrapper call of its step; None while no rules are in force."""
-    step = adder.__dict__.get(_STEP)
-    if step is None:
-        rules = rules_in_force()
-        if rules is not None:
-            step = adder.__dict__[_STEP] = Step(rules)
-            budget = adder.__dict__.get("memory_budget")  # 0.5.21+
-            if budget is not None:
-                budget.__dict__[_STEP] = step
+    global _step
+    step = _step
+    if step is not None and step.adder is adder:
+        return step
+    if _rules is None:
+        return None
+    step = _step = Step(adder, _rules)
     return step
 
 
@@ -109,23 +113,18 @@ def match_on_grid(wrapped, instance, args, kwargs):
 
 
 def admit_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder._select_prefill_admission: cut a chunked admission on the grid.
-
-    A short final piece rides with a request's first extend only when the
-    chunk budget alone cut it: add_one_req has checked KV memory for the
-    whole prompt, and the admission is then a whole one (not chunked).
-    """
+    """Wraps PrefillAdder._select_prefill_admission: a chunked admission ends where
+    decisions.admission_end says, as stock's own admission (OTHER where the request waits)."""
     admission = wrapped(*args, **kwargs)
     step = step_of(instance)
     if step is None or not getattr(admission, "is_chunked", False):
         return admission
-    if _unfinished_chunk_in_batch(instance):
-        return _schedule_policy().AddReqResult.OTHER
     req = args[0] if args else kwargs["req"]
-    start = admission.prefix_len
-    prompt_len = len(req.full_untruncated_fill_ids)
-    may_ride = not instance.can_run_list and admission.extend_len >= instance.rem_chunk_tokens
-    end = _grid_cut(step.rules, start, admission.extend_len, prompt_len, _short_tail(instance, may_ride))
+    start, prompt_len = admission.prefix_len, len(req.full_untruncated_fill_ids)
+    end = admission_end(
+        step.rules, start, admission.extend_len, prompt_len, instance.rem_chunk_tokens,
+        bool(instance.can_run_list), _unfinished_chunk_in_batch(instance), _running(instance),
+    )
     if end == start:
         return _schedule_policy().AddReqResult.OTHER
     if end == prompt_len:
@@ -136,43 +135,33 @@ def admit_on_grid(wrapped, instance, args, kwargs):
     return replace(admission, extend_len=end - start)
 
 
-def _prepare_continuation(step, adder, req):
-    """Decide what `req`'s continuation cut depends on besides its chunk, from the adder's state
-    before stock cuts it: step.ride_slack and step.continuation_tail. The scheduler continues its
-    chunked request first, on a fresh adder, so no other request is in the batch yet."""
-    step.ride_slack = _ride_slack(step, adder, req)
-    step.continuation_tail = _short_tail(adder)
-
-
-def _continuation_cut(step, length, remaining):
-    """A continuation's cut `length` of `remaining` tokens, on the grid; None where the budget
-    holds no grid cut, and the request must wait."""
-    if length >= remaining:
-        return length
-    return _grid_cut(step.rules, 0, length, remaining, step.continuation_tail) or None
-
-
 def continue_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_chunked_req (0.5.21+): decide what the continuation's cut depends on
-    (_prepare_continuation), for its memory budget to answer with.
+    """Wraps PrefillAdder.add_chunked_req (0.5.21+): a continuation is cut where
+    decisions.continuation_cut says, through its memory budget's answers.
 
     Stock takes the continuation's chunk from the adder's memory budget:
-    available_chunk_tokens(rem_chunk_tokens) (ride_on_budget adds the slack,
-    so stock checks KV memory for the whole piece), then fit_chunk, whose
-    None makes stock return the request to wait (fit_on_grid cuts there).
-    Only add_chunked_req calls them, once per step (tests/test_release_wheels.py
-    checks each release's source).
+    available_chunk_tokens(rem_chunk_tokens), which ride_on_budget raises by
+    the riding slack decided here (so stock checks KV memory for the whole
+    piece), then fit_chunk, whose None makes stock return the request to wait
+    (fit_on_grid cuts there). Only add_chunked_req calls them, once each
+    (tests/test_release_wheels.py checks each release's source), so the step
+    holds what they answer with for this call alone.
     """
     step = step_of(instance)
-    if step is not None:
-        _prepare_continuation(step, instance, args[0] if args else kwargs["req"])
-    return wrapped(*args, **kwargs)
+    if step is None:
+        return wrapped(*args, **kwargs)
+    req = args[0] if args else kwargs["req"]
+    step.ride_slack, step.continuation_tail = _before_continuation(step.rules, instance, req)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        step.ride_slack, step.continuation_tail = 0, None
 
 
 def ride_on_budget(wrapped, instance, args, kwargs):
     """Wraps the memory budget's available_chunk_tokens (0.5.21+): the chunk a continuation may
-    take, with the riding final piece's slack (step.ride_slack) added to the chunk budget."""
-    step = instance.__dict__.get(_STEP)
+    take, with its riding final piece's slack (Step.ride_slack) added to the chunk budget."""
+    step = _step
     if step is None or not step.ride_slack:
         return wrapped(*args, **kwargs)
     chunk_limit = args[0] if args else kwargs["chunk_limit"]
@@ -181,65 +170,74 @@ def ride_on_budget(wrapped, instance, args, kwargs):
 
 def fit_on_grid(wrapped, instance, args, kwargs):
     """Wraps the memory budget's fit_chunk (0.5.21+), the last answer on a continuation's chunk
-    that can say "wait" (None): the chunk cut on the grid, or None where the budget holds no grid
-    cut. A request that waits so is parked (keep_solo_tiles)."""
+    that can say "wait" (None): decisions.continuation_cut of stock's answer. A request that
+    waits so is parked (keep_solo_tiles)."""
     limit = wrapped(*args, **kwargs)
-    step = instance.__dict__.get(_STEP)
-    if step is None or limit is None:
+    step = _step
+    if step is None or step.continuation_tail is None or limit is None:
         return limit
-    cut = _continuation_cut(step, limit, kwargs["extend_input_len"])
+    cut = continuation_cut(step.rules, limit, kwargs["extend_input_len"], step.continuation_tail)
     step.parked = cut is None
     return cut
 
 
 def continue_on_grid_by_clamp(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_chunked_req on 0.5.20, which has no memory budget object: the cut
-    is decided before stock runs, and stock is given it as its chunk budget.
+    """Wraps PrefillAdder.add_chunked_req on 0.5.20, which has no memory budget object: the same
+    decisions as continue_on_grid, over the clamp stock makes with its chunk budget raised by the
+    riding slack (_stock_clamp, read before stock runs); stock then runs with its chunk budget
+    moved to the cut.
 
-    0.5.20 clamps the continuation itself (_stock_clamp) and hands the cut
-    to req.set_extend_range only: no function of it can answer "wait", so a
-    continuation with no grid cut waits here, without calling stock.
-    Stock's own wait (hybrid SWA with no room) returns the request as well;
-    both come before stock reports to the prefill delayer, which then
-    counts the rank not prefillable.
+    0.5.20 hands the cut to req.set_extend_range only: no function of it can
+    answer "wait", so a continuation with no grid cut waits here, without
+    calling stock. Stock's own wait (hybrid SWA with no room) returns the
+    request as well; both come before stock reports to the prefill delayer,
+    which then counts the rank not prefillable.
     """
     step = step_of(instance)
     req = args[0] if args else kwargs["req"]
     if step is None or instance.dllm_config is not None:  # dLLM chunks come from rem_dllm_tokens
         return wrapped(*args, **kwargs)
-    _prepare_continuation(step, instance, req)
-    limit = _stock_clamp(instance)
-    if step.ride_slack or limit is None:
-        return _stock_with_chunk_budget(wrapped, args, kwargs, instance, step.ride_slack)
+    slack, tail = _before_continuation(step.rules, instance, req)
+    budget = instance.rem_chunk_tokens
+    limit = _stock_clamp(instance, budget + slack)
+    if limit is None:  # stock's own wait
+        return wrapped(*args, **kwargs)
     remaining = len(req.full_untruncated_fill_ids) - req_prefix_len(req)
-    cut = _continuation_cut(step, min(limit, remaining), remaining)
+    stock_cut = min(limit, remaining)  # stock's, its chunk budget raised by the slack
+    cut = continuation_cut(step.rules, stock_cut, remaining, tail)
     if cut is None:
         step.parked = True
         return req
-    if cut == min(limit, remaining):
-        return wrapped(*args, **kwargs)
-    return _stock_with_chunk_budget(wrapped, args, kwargs, instance, cut - instance.rem_chunk_tokens)
+    return _stock_with_chunk_budget(wrapped, args, kwargs, instance, slack if cut == stock_cut else cut - budget)
 
 
-def _stock_clamp(adder):
-    """The chunk 0.5.20's add_chunked_req gives a continuation, read as it reads it (budget,
-    KV memory, the SWA pool), or None where stock returns the request to wait.
+def _before_continuation(rules, adder, req):
+    """What a continuation's cut depends on besides its chunk, read off the adder before stock cuts
+    it: (its riding slack, how a short final piece is handled: decisions.short_tail)."""
+    slack = riding_slack(rules, req_prefix_len(req), adder.rem_chunk_tokens, len(req.full_untruncated_fill_ids))
+    return slack, short_tail(False, bool(adder.can_run_list), _running(adder))
+
+
+def _stock_clamp(adder, chunk_budget):
+    """The chunk 0.5.20's add_chunked_req gives a continuation with `chunk_budget` as its
+    rem_chunk_tokens, read as it reads it (budget, KV memory, the SWA pool), or None where stock
+    returns the request to wait: what 0.5.21+ asks its memory budget (available_chunk_tokens).
 
     A restatement of those stock lines, which hand their answer to no
     function; tests/test_release_wheels.py checks 0.5.20's source has them.
     """
-    limit = min(adder.rem_chunk_tokens, int(adder.rem_total_tokens))
+    limit = min(chunk_budget, int(adder.rem_total_tokens))
     if adder.is_hybrid_swa and not adder._swa_req_ring:
         limit = min(limit, int(adder.rem_swa_tokens) - adder.page_size)
     if limit > 0:
         return limit
-    return None if adder.is_hybrid_swa else adder.rem_chunk_tokens
+    return None if adder.is_hybrid_swa else chunk_budget
 
 
 def ignore_eos_on_grid(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_one_req_ignore_eos on 0.5.23+: its chunk ends on the grid, or it
-    waits. Stock passes the chunk budget through floor_chunked_tokens, which hands back the cut
-    decided here (hand_back_ignore_eos_cut)."""
+    """Wraps PrefillAdder.add_one_req_ignore_eos on 0.5.23+: its chunk ends where
+    decisions.ignore_eos_end says, or it waits. Stock passes the chunk budget through
+    floor_chunked_tokens, which hands back the cut decided here (hand_back_ignore_eos_cut)."""
     return _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back=True)
 
 
@@ -247,20 +245,20 @@ def ignore_eos_on_grid_by_chunk_budget(wrapped, instance, args, kwargs):
     """Wraps PrefillAdder.add_one_req_ignore_eos before 0.5.23, which cuts at rem_chunk_tokens
     itself (0.5.22 writes req.extend_end from it; 0.5.20-0.5.21 pass it to Req.set_extend_range,
     which every admission and mixed-in decode calls, and whose Req knows no step): the budget is
-    lowered to the cut for the stock call."""
+    moved to the cut for the stock call."""
     return _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back=False)
 
 
 def _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back):
     """An ignore_eos chunk ends on the grid, or the request waits.
 
-    Stock reports the rank prefillable to the prefill delayer before it cuts
-    the chunk, so a request the grid leaves no cut for is deferred before
-    stock runs at all, never after it has reported. The cut is decided here
-    once. A cut beyond the budget (the short final piece rides along) raises
-    the budget for the call: stock's "last chunk" test reads rem_chunk_tokens
-    itself. A cut below it lowers the budget where floor_chunked_tokens
-    cannot hand it back.
+    Stock cuts only where the chunk budget is below what is left of the
+    prompt, and reports the rank prefillable to the prefill delayer before
+    it cuts, so a request the grid leaves no cut for is deferred before
+    stock runs at all, never after it has reported. A cut beyond the budget
+    (the short final piece rides along) raises the budget for the call:
+    stock's "last chunk" test reads rem_chunk_tokens itself. A cut below it
+    lowers the budget where floor_chunked_tokens cannot hand it back.
     """
     step = step_of(instance)
     req = args[0] if args else kwargs["req"]
@@ -268,9 +266,9 @@ def _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back):
     start, prompt_len = req_prefix_len(req), len(req.full_untruncated_fill_ids)
     if step is None or budget is None or not 0 < budget < prompt_len - start:
         return wrapped(*args, **kwargs)
-    if _unfinished_chunk_in_batch(instance):
-        return _schedule_policy().AddReqResult.OTHER
-    end = _grid_cut(step.rules, start, budget, prompt_len, _short_tail(instance, not instance.can_run_list), warn=False)
+    end = ignore_eos_end(
+        step.rules, start, budget, prompt_len, bool(instance.can_run_list), _unfinished_chunk_in_batch(instance)
+    )
     if end == start:
         return _schedule_policy().AddReqResult.OTHER
     cut = end - start
@@ -288,14 +286,14 @@ def _ignore_eos_on_grid(wrapped, instance, args, kwargs, floor_hands_back):
 
 def hand_back_ignore_eos_cut(wrapped, instance, args, kwargs):
     """Wraps PrefillAdder.floor_chunked_tokens (0.5.23+): an ignore_eos chunk is cut where
-    ignore_eos_on_grid decided (step.ignore_eos_cut), through stock's own flooring.
+    ignore_eos_on_grid decided (Step.ignore_eos_cut), through stock's own flooring.
 
     Continuation cuts pass through: fit_on_grid has put them on the grid.
     Stock moves a cut here only under DCP with the mamba extra buffer, down
     onto the mamba kernel grid: a grid cut stays on the grid there where one
     grid divides the other.
     """
-    step = step_of(instance)
+    step = _step
     if step is None or step.ignore_eos_cut is None:
         return wrapped(*args, **kwargs)
     return wrapped(step.ignore_eos_cut, args[1] if len(args) > 1 else kwargs["remaining"])
@@ -322,48 +320,20 @@ def _stock_with_chunk_budget(wrapped, args, kwargs, adder, tokens):
         adder.rem_chunk_tokens -= tokens
 
 
-def _ride_slack(step, adder, req):
-    """Tokens beyond the chunk budget that the continuation `req`'s riding final piece needs, or 0.
-    A continuation is alone in its batch (_prepare_continuation), so its piece may ride.
-
-    Only a piece shorter than min_tail rides, so chunk_end is asked only when
-    less than that lies beyond the budget (most continuations skip it).
-    """
-    if adder.rem_chunk_tokens is None:  # chunked prefill off, as stock reads None
-        return 0
-    start, prompt_len, budget = req_prefix_len(req), len(req.full_untruncated_fill_ids), adder.rem_chunk_tokens
-    beyond = prompt_len - start - budget
-    if 0 < beyond < step.rules.min_tail and chunk_end(start, budget, prompt_len, step.rules, RIDE) == prompt_len:
-        return beyond
-    return 0
-
-
 def keep_solo_tiles(wrapped, instance, args, kwargs):
-    """Wraps PrefillAdder.add_one_req: defer a request that would move a member off its solo tile,
-    and every request behind a chunked request parked this step (step.parked).
-
-    The candidate's extend is not known before admission, but it is at least
-    min(remaining, min_tail) tokens; the batch tile only grows with it, and
-    any conflict this bound misses is the candidate's own, which it catches.
-    Its KV is taken as its whole prompt, so that the short-KV exemption
-    never excuses it on the strength of that lower bound.
-    """
+    """Wraps PrefillAdder.add_one_req: a new request waits where decisions.deferral says (behind a
+    chunked request parked this step, or to keep batch members on their solo tiles)."""
     step = step_of(instance)
     if step is None:
         return wrapped(*args, **kwargs)
-    if step.parked:
-        return _schedule_policy().AddReqResult.OTHER
-    if not instance.can_run_list:
-        return wrapped(*args, **kwargs)
     req = args[0] if args else kwargs["req"]
-    prompt_len = len(req.full_untruncated_fill_ids)
     start = req_prefix_len(req) + req.host_hit_length
-    extend = min(prompt_len - start, step.rules.min_tail)
-    members = [_member(r) for r in instance.can_run_list] + [(extend, prompt_len, prompt_len)]
-    if tile_conflicts(members, step.rules):
-        logger.debug("sglang-chunk-align: deferring %s to keep batch members on their solo tiles", req.rid)
-        return _schedule_policy().AddReqResult.OTHER
-    return wrapped(*args, **kwargs)
+    members = [_member(r) for r in instance.can_run_list]
+    reason = deferral(step.rules, step.parked, members, start, len(req.full_untruncated_fill_ids))
+    if reason is None:
+        return wrapped(*args, **kwargs)
+    logger.debug("sglang-chunk-align: deferring %s %s", req.rid, reason)
+    return _schedule_policy().AddReqResult.OTHER
 
 
 def publish_full_tiles(wrapped, instance, args, kwargs):
@@ -388,42 +358,13 @@ def publish_full_tiles(wrapped, instance, args, kwargs):
     return wrapped(*args, **{**kwargs, "up_to": up_to})
 
 
-def _short_tail(adder, may_ride=False):
-    """How a cut the adder makes treats a final piece too short for the full tile, as its state
-    allows: ride where the chunk budget alone cut a request that is alone in the batch (the
-    caller makes room); otherwise wait where other requests left the budget over or running
-    requests will free KV memory; keep the short piece only where nothing will free any, because
-    waiting there would be forever."""
-    if may_ride:
-        return RIDE
-    if adder.can_run_list or _running_requests_hold_kv(adder):
-        return WAIT
-    return KEEP
-
-
-def _grid_cut(rules, start, budget, prompt_len, short_tail, warn=True):
-    """chunk_end for an extend cut at `budget`, with `short_tail` (_short_tail). A short piece
-    kept is not bit-exact, and says so."""
-    end = chunk_end(start, budget, prompt_len, rules, short_tail)
-    if warn and short_tail == KEEP and 0 < prompt_len - end < rules.min_tail:
-        logger.warning(
-            "sglang-chunk-align: KV memory holds %d tokens, too few for the final %d of a prompt "
-            "with no running request to free more: its %d-token final piece runs on a smaller fa2 "
-            "tile than its solo prefill (not bit-exact). Give the KV cache more memory "
-            "(--mem-fraction-static) to avoid this.",
-            budget, prompt_len - start, prompt_len - end,
-        )
-    return end
-
-
-def _running_requests_hold_kv(adder):
+def _running(adder):
     """Decoding requests will finish and free KV memory; a piece that waits for it gets it."""
     return adder.running_batch is not None and bool(adder.running_batch.reqs)
 
 
 def _unfinished_chunk_in_batch(adder):
-    """SGLang tracks one unfinished chunked request. Stock fills the chunk
-    budget with it; the grid rules can leave budget over, for whole requests only."""
+    """Whether the batch holds SGLang's one unfinished chunked request."""
     return any(req_extend_end(r) < len(r.full_untruncated_fill_ids) for r in adder.can_run_list)
 
 

@@ -91,8 +91,8 @@ def test_memory_bound_short_final_piece_waits_while_running_requests_will_free_k
     plugin, caplog, running, parked
 ):
     """KV memory for about 150 tokens, 168 left: a grid cut leaves a 40-token final piece. While a
-    request runs (it will free KV) the continuation waits and admits no one behind it; with nothing
-    running, waiting would be forever, so the short piece is kept, with a WARNING."""
+    request runs (it will free KV) the continuation waits and admits no one behind it in its step;
+    with nothing running, waiting would be forever, so the short piece is kept, with a WARNING."""
     from sglang.srt.managers.schedule_policy import AddReqResult
 
     with adder_with(512, kv_tokens=150, rules=True) as (new_adder, new_req):
@@ -104,6 +104,8 @@ def test_memory_bound_short_final_piece_waits_while_running_requests_will_free_k
         if parked:
             assert adder.can_run_list == [] and adder.rem_chunk_tokens == 512
             assert admit_new(adder, new_req(2, 16)) == AddReqResult.OTHER and adder.can_run_list == []
+            next_step = new_adder(running_batch)  # parked for its own step only
+            assert admit_new(next_step, new_req(3, 16)) == AddReqResult.CONTINUE and len(next_step.can_run_list) == 1
         else:
             assert adder.can_run_list == [req] and req_extend_end(req) == 1024
             assert "40-token final piece runs on a smaller fa2 tile" in caplog.text
@@ -118,6 +120,28 @@ def test_short_final_piece_of_a_continuation_rides_along(plugin, rules, end):
         adder = new_adder()
         finished = adder.add_chunked_req(req) is None
         assert req_extend_end(req) == end and finished == rules
+        budget = getattr(adder, "memory_budget", None)  # 0.5.21+
+        if budget is not None:  # it answers the continuation's call alone: stock's answers again after it
+            assert budget.available_chunk_tokens(128) == 128
+            assert budget.fit_chunk(extend_input_len=144, max_new_tokens=0, chunk_limit=100) == 100
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_riding_final_piece_under_a_memory_clamp_is_cut_on_the_grid(plugin, caplog, running):
+    """Chunk 128 from 896 of 1040 lets the 16-token tail ride (144 tokens), but KV memory holds 136:
+    the continuation is cut at the grid's 1024, the short piece kept with a WARNING where nothing
+    runs to free memory, or it waits where a request runs, as any memory-bound continuation."""
+    with adder_with(128, kv_tokens=136, rules=True) as (new_adder, new_req):
+        req = new_req(0, 1040)
+        continue_from(req, 896)
+        running_batch = SimpleNamespace(batch_size=lambda: 1, reqs=[new_req(1, 8)]) if running else None
+        adder = new_adder(running_batch)
+        assert adder.add_chunked_req(req) is req  # not finished
+        if running:
+            assert adder.can_run_list == []
+        else:
+            assert adder.can_run_list == [req] and req_extend_end(req) == 1024
+            assert "16-token final piece runs on a smaller fa2 tile" in caplog.text
 
 
 @pytest.mark.parametrize("rules, end", [(True, 384), (False, 512)])

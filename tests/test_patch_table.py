@@ -39,6 +39,12 @@ def test_the_grid_rule_points_are_the_prefill_hooks():
         assert point.grid_rule == (getattr(wrapper, "__module__", None) == prefill_hooks.__name__), point.name
 
 
+def test_every_wrapped_function_names_the_parameters_its_wrapper_reads():
+    """Each row's contract, which tests/test_release_wheels.py checks in every release's source."""
+    unsigned = [p.name for p in (*patch_table.PATCH_POINTS, GUARD) if isinstance(p, patches.Wrap) and not p.signature]
+    assert not unsigned
+
+
 @pytest.mark.parametrize("release", releases.RELEASES)
 def test_no_release_selects_a_target_twice(release):
     names = [p.name for p in patches.release_points(patch_table, Version(release))]

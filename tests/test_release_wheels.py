@@ -6,8 +6,9 @@ release's wheel as data (zipfile + ast; nothing is installed or imported) and
 checks what patches.apply() would resolve there: every point of SGLang's
 table (patch_table.py) that patches.release_points() gives for that version,
 and the failure guard, which every release needs. The
-version gates come from that table, the single source of truth; this file only
-knows how to find a point in source.
+version gates come from that table, the single source of truth, and so does
+what each wrapper relies on in its function (a row's signature, calls and
+statements); this file only knows how to find a point in source.
 
 The wheels come from SGLANG_RELEASE_WHEELS, a folder of sglang-<version>-*.whl
 files (`pip download --no-deps sglang==<version> -d DIR`). Without it the
@@ -35,54 +36,6 @@ if not os.environ.get(WHEELS_ENV):
         allow_module_level=True,
     )
 
-# The parameters the wrappers (scheduler_hooks.py, prefill_hooks.py) read, by
-# target, checked where the target's point is selected. Leading positional
-# names in order; "..." allows further parameters, and without it the
-# function takes exactly these; names after "*" must be accepted by keyword.
-SIGNATURES = {
-    "Engine._launch_subprocesses": "cls, server_args, ...",
-    "handle_deterministic_inference": "server_args",
-    "Scheduler.init_deterministic_inference_config": "self",
-    "Scheduler.check_truncation_align_fits_chunk": "self",
-    "Scheduler._should_defer_prefill": "self, running_batch",
-    "PrefillAdder._select_prefill_admission": "self, req, ...",
-    "PrefillAdder.floor_chunked_tokens": "self, trunc_len, remaining",
-    "PrefillAdder.add_chunked_req": "self, req",
-    "PrefillAdder.add_one_req_ignore_eos": "self, req",
-    "PrefillAdder.add_one_req": "self, req, has_chunked_req, truncation_align_size",
-    "match_kv_cache": "req, tree_cache, ..., *, max_prefix_len",
-    **{f"{budget}.available_chunk_tokens": "self, chunk_limit"
-       for budget in ("PrefillBudget", "SWAPrefillBudget", "SharedSWAPrefillBudget")},
-    **{f"{budget}.fit_chunk": "self, ..., *, extend_input_len" for budget in ("PrefillBudget", "SharedSWAPrefillBudget")},
-}
-# Calls inside a wrapped function that its wrapper relies on, by wrapper: the callee as
-# written there, and a keyword it must pass (None: positional arguments).
-CALLS = {
-    prefill_hooks.continue_on_grid: [("self.memory_budget.available_chunk_tokens", None),
-                                     ("self.memory_budget.fit_chunk", "extend_input_len")],
-    prefill_hooks.ignore_eos_on_grid: [("self.floor_chunked_tokens", None)],
-}
-# Stock statements a wrapper restates or relies on (as ast.unparse writes them), by wrapper:
-# 0.5.20's continuation clamp, which prefill_hooks._stock_clamp restates, and the chunk budget
-# an ignore_eos cut is taken from before floor_chunked_tokens.
-STATEMENTS = {
-    prefill_hooks.continue_on_grid_by_clamp: [
-        "_rem_tokens = min(self.rem_chunk_tokens, int(self.rem_total_tokens))",
-        "if self.is_hybrid_swa and (not self._swa_req_ring):",
-        "_rem_tokens = min(_rem_tokens, int(self.rem_swa_tokens) - self.page_size)",
-        "if _rem_tokens <= 0:",
-        "if self.is_hybrid_swa:",
-        "return req",
-        "_rem_tokens = self.rem_chunk_tokens",
-        "new_len = min(cand_extend_input_len, _rem_tokens)",
-    ],
-    prefill_hooks.ignore_eos_on_grid_by_chunk_budget: ["trunc_len = self.rem_chunk_tokens"],
-    # Stock reads the radix backends' list at call time, from the module the wrapper adds flashinfer through.
-    scheduler_hooks.keep_radix_cache_where_exact: [
-        "from sglang.srt.server_args import RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND",
-        "if attention_backend not in RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND:",
-    ],
-}
 # The memory budget methods whose wrappers answer a continuation (prefill_hooks.continue_on_grid):
 # stock calls them in PrefillAdder.add_chunked_req only.
 CONTINUATION_ONLY = ("fit_chunk", "available_chunk_tokens")
@@ -179,14 +132,13 @@ def _wrapped_problems(wheel, point, stock, class_name):
         where = point.module
     if not isinstance(stock, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return [f"{point.name}: no def {point.target.split('.')[-1]} in {where}"]
-    expected = SIGNATURES.get(point.target)
-    if expected and not _signature_fits(stock.args, expected):
-        return [f"{point.name}: signature ({ast.unparse(stock.args)}) in {where}, expected ({expected})"]
-    for callee, keyword in CALLS.get(point.wrapper, ()):
+    if point.signature and not _signature_fits(stock.args, point.signature):
+        return [f"{point.name}: signature ({ast.unparse(stock.args)}) in {where}, expected ({point.signature})"]
+    for callee, keyword in point.calls:
         if not _calls(stock, callee, keyword):
             return [f"{point.name}: no call {callee}({f'{keyword}=...' if keyword else ''}) in {where}"]
     written = {_statement(node) for node in ast.walk(stock) if isinstance(node, ast.stmt)}
-    missing = [line for line in STATEMENTS.get(point.wrapper, ()) if line not in written]
+    missing = [line for line in point.statements if line not in written]
     if missing:
         return [f"{point.name}: no statement {missing[0]!r} in {where}"]
     if point.wrapper is prefill_hooks.continue_on_grid and not _waits_when_nothing_fits(stock):
@@ -265,6 +217,12 @@ def _wrong(kind, target, value, module="sglang.srt.managers.scheduler"):
     return kind(module, target, value, "deliberately wrong", ">=0")
 
 
+def _row(wrapper):
+    """The patch table's row whose wrapper is `wrapper`."""
+    (row,) = [p for p in patch_table.PATCH_POINTS if getattr(p, "wrapper", None) is wrapper]
+    return row
+
+
 def calls_outside(tree, methods, allowed):
     """(where, callee) of each call of an attribute named in `methods` outside the function
     `allowed` ("Class.function"), where being the enclosing "Class.function" or the module."""
@@ -291,7 +249,7 @@ def _answers_continuations(point):
     "release", [r for r in RELEASES if any(_answers_continuations(p) for p in release_points(patch_table, Version(r)))]
 )
 def test_budget_wrappers_answer_continuations_only(release):
-    """ride_on_budget and fit_on_grid answer whatever call reaches a budget that holds a Step:
+    """ride_on_budget and fit_on_grid answer whatever budget call comes while a continuation is cut:
     stock must call those methods for a continuation only (PrefillAdder.add_chunked_req), and no
     budget method may call another one's (super().fit_chunk would apply a wrapper twice)."""
     needles = [f".{method}(".encode() for method in CONTINUATION_ONLY]
@@ -341,15 +299,16 @@ def _before(release):
     ],
 )
 def test_checker_reports_a_missing_call_or_statement(wrapper, release, reported):
-    point = _wrong(Wrap, "PrefillAdder.add_chunked_req", wrapper, "sglang.srt.managers.schedule_policy")
-    (problem,) = point_problems(release_wheel(release), point)
+    """A row's contract checked in a release its version gate leaves out."""
+    (problem,) = point_problems(release_wheel(release), _row(wrapper))
     assert reported in problem
 
 
 def test_checker_reports_a_function_that_reads_no_radix_backends():
     """keep_radix_cache_where_exact works only where stock reads the list when called."""
-    point = _wrong(Wrap, "handle_multi_item_scoring", scheduler_hooks.keep_radix_cache_where_exact,
-                   "sglang.srt.arg_groups.attention_hook")
+    row = _row(scheduler_hooks.keep_radix_cache_where_exact)
+    point = Wrap(row.module, "handle_multi_item_scoring", row.wrapper, "deliberately wrong", ">=0",
+                 statements=row.statements)
     (problem,) = point_problems(release_wheel(NEWEST), point)
     assert "no statement 'from sglang.srt.server_args import RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND'" in problem
 
@@ -376,4 +335,4 @@ def test_wait_check_reads_what_stock_does_when_nothing_fits(source, waits):
 )
 def test_signature_check_is_exact_without_ellipsis(source, fits):
     (function,) = ast.parse(source).body
-    assert _signature_fits(function.args, SIGNATURES["PrefillAdder.floor_chunked_tokens"]) is fits
+    assert _signature_fits(function.args, _row(prefill_hooks.hand_back_ignore_eos_cut).signature) is fits

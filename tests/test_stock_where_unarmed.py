@@ -259,13 +259,14 @@ pool_size = st.integers(-64, 4096)
     chunk_limit=st.integers(-16, 4096), extend=st.integers(1, 8192), max_new_tokens=st.integers(0, 64),
     rules=st.booleans(),
 )
-def test_memory_budget_answers_are_stock_without_a_step(free, swa_free, evictable, offset, page_size, req_ring,
-                                                         fits, chunk_limit, extend, max_new_tokens, rules):
+def test_memory_budget_answers_are_stock_outside_a_continuation(free, swa_free, evictable, offset, page_size,
+                                                                 req_ring, fits, chunk_limit, extend, max_new_tokens,
+                                                                 rules):
     """Every wrapped memory-budget class (plain, SWA, shared SWA) answers available_chunk_tokens and
-    fit_chunk as stock does for a budget that holds no Step (only step_of gives one, to a budget
-    whose adder steps with the rules in force), the rules in force or not. The scheduling loop
-    above reaches only the plain budget; these stand in for the KV pools and tree an SWA model's
-    budget reads."""
+    fit_chunk as stock does outside a continuation's cut (only prefill_hooks.continue_on_grid gives
+    them one to answer, for the one add_chunked_req call), the rules in force or not. The
+    scheduling loop above reaches only the plain budget; these stand in for the KV pools and tree
+    an SWA model's budget reads."""
     from sglang.srt.mem_cache import prefill_budget
 
     allocator = SimpleNamespace(
