@@ -15,7 +15,9 @@ import sys
 from . import decode_wait, prefill_hooks, releases
 from .alignment import chunk_size_error
 from .backends import fa2_backends, planned_prefill, runs_fa2_grid
-from .compat import DECODE_WAIT_ENV, RULES_ENV, check_switches, env_flag, installed_version, radix_cache, sglang_at_least
+from .compat import (
+    DECODE_WAIT_ENV, RULES_ENV, check_switches, env_flag, installed_version, radix_cache, sglang_at_least,
+)
 from .kernel_facts import installed_facts
 from .planning import Rules
 
