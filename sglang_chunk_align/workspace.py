@@ -17,6 +17,8 @@ batch of several requests, each over its own long cached prefix, adds their
 tiles' rounding on top: the check covers one request's step exactly.
 """
 
+from .alignment import PREFILL_Q_TILE_TOKENS
+
 
 def _ceil_div(a, b):
     return -(-a // b)
@@ -65,7 +67,7 @@ class Planned:
         if need <= self.workspace_bytes:
             return None
         fits = lambda c, n: self.worst_step_bytes(c, n, cta_tile) <= self.workspace_bytes  # noqa: E731
-        context = _largest(lambda n: fits(min(step, n), n), max_prompt)
+        context = _largest(lambda n: fits(step, n), max_prompt)
         largest_chunk = _largest(lambda c: fits(c, max_prompt), step)
         chunked = "unchunked prefill" if chunk is None else f"chunks of {chunk} tokens"
         return (
@@ -74,7 +76,7 @@ class Planned:
             f"{self.num_qo_heads} q heads, head_dim {self.head_dim}), more than the "
             f"{self.workspace_bytes / 2**30:.2f} GiB deterministic workspace: flashinfer's plan() would fail "
             f"mid-request. Use --context-length {context} or less, or --chunked-prefill-size "
-            f"{largest_chunk // 128 * 128} or less."
+            f"{largest_chunk // PREFILL_Q_TILE_TOKENS * PREFILL_Q_TILE_TOKENS} or less."
         )
 
 
