@@ -43,8 +43,8 @@ import statistics
 import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import real_server  # noqa: E402  (run as a script from the repository root)
@@ -208,7 +208,7 @@ class ServingRun(real_server.Run):
                 entry["verify_ok"] = "not run (--no-verify)"
             elif "error" not in entry and setup.reference is not None:
                 _, cache = self.baselines[setup.reference]
-                dead_reference = type("Dead", (), {"url": "http://127.0.0.1:1"})()  # recorded answers only
+                dead_reference = SimpleNamespace(url="http://127.0.0.1:1")  # recorded answers only
                 check = real_server.verify(self, server, dead_reference, cache, radix=setup.radix)
                 entry["verify_ok"], entry["verify"] = check["ok"], check["verify"]
                 entry["verify_command"] = check["verify_command"]
@@ -394,7 +394,7 @@ def long_prompts(server, lengths, run):
             outcome, detail = "refused", str(error)[:500]
         except (OSError, http.client.HTTPException) as error:
             outcome, detail = "server gone", f"{type(error).__name__}: {error}"[:500]
-        alive = server.process.poll() is None and _healthy(server)
+        alive = server.wait_ready(timeout=10)
         outcomes.append({"tokens": tokens, "outcome": outcome if alive or outcome != "served" else "served, then gone",
                          "detail": detail, "server_alive_after": alive, "seconds": round(time.monotonic() - began, 2)})
         if outcome != "served" or not alive:
@@ -402,14 +402,6 @@ def long_prompts(server, lengths, run):
             outcomes[-1]["log_errors"] = tail
             break
     return outcomes
-
-
-def _healthy(server):
-    try:
-        with urllib.request.urlopen(server.url + "/health", timeout=10) as response:
-            return response.status == 200
-    except OSError:  # URLError included
-        return False
 
 
 class RequestFailed(Exception):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import serving
+from benchmarks import real_server, serving
 
 RECORDED = pathlib.Path(serving.__file__).parent / "logs" / "serving_h200" / "serving.json"
 
@@ -50,6 +50,7 @@ def stand_in():
     threading.Thread(target=http.serve_forever, daemon=True).start()
     server = SimpleNamespace(url=f"http://127.0.0.1:{http.server_port}", process=SimpleNamespace(poll=lambda: None),
                              log=lambda: "")
+    server.wait_ready = lambda timeout: real_server.Server.wait_ready(server, timeout)  # its /health, for real
     yield server
     http.shutdown()
 
