@@ -9,7 +9,7 @@ of chunk size can be made from numbers.
 
 Every step runs flashinfer's fa2 paged prefill planned exactly as SGLang's
 deterministic flashinfer backend plans it, through the plan/forward call the
-probe and the replay run (sglang_chunk_align/fa2.py: page size 1, bf16,
+probe and the replay run (sglang_chunk_align/tools/fa2.py: page size 1, bf16,
 ``fixed_split_size`` from SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE, default
 4096, causal). Chunk i covers query rows [s, e) over KV [0, e)
 and is planned and run as its own step, after a torch.cuda.synchronize().
@@ -47,7 +47,7 @@ import statistics
 import sys
 import time
 
-from sglang_chunk_align import fa2
+from sglang_chunk_align.tools import fa2
 from sglang_chunk_align import workspace
 from sglang_chunk_align.kernel_facts import FI072
 

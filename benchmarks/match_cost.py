@@ -15,7 +15,7 @@ import argparse
 import statistics
 import time
 
-from sglang_chunk_align.scheduler_driver import SchedulerDriver, sglang_config, truncation_align_size
+from sglang_chunk_align.harness.scheduler_driver import SchedulerDriver, sglang_config, truncation_align_size
 
 from .workload import CONFIGS, SHAPES, SMALL_WORKLOAD, RequestSpec
 

@@ -4,7 +4,7 @@ stock against the plugin, and what loading it adds to each SGLang process.
     python -m benchmarks.overhead [--rounds N] [--decisions N] [--runs N] [--spawn] [--json PATH] [--quick]
 
 1. Admission decisions. SGLang's real PrefillAdder, tree, pools and policy,
-   built by sglang_chunk_align.scheduler_driver.SchedulerDriver, decide (a) a new request
+   built by sglang_chunk_align.harness.scheduler_driver.SchedulerDriver, decide (a) a new request
    (`req.init_next_round_input(tree)` + `PrefillAdder.add_one_req`, which
    cover the plugin's match, solo-tile and grid-cut wrappers) and (b) a
    continuation (`PrefillAdder.add_chunked_req`). The two arms differ only in
@@ -49,7 +49,7 @@ import time
 from contextlib import contextmanager
 from importlib import metadata
 
-from sglang_chunk_align.scheduler_driver import SchedulerDriver, sglang_config, truncation_align_size
+from sglang_chunk_align.harness.scheduler_driver import SchedulerDriver, sglang_config, truncation_align_size
 
 from .scheduling import checkout_state
 from .workload import CONFIGS, SHAPES, SMALL_WORKLOAD, RequestSpec

@@ -5,7 +5,7 @@ tokens' KV out of the radix tree: in a multi-layer model a position's KV in
 later layers comes from its attention row, and a later prompt that contains
 those tokens computes that row by prefill. This asks whether the rows differ,
 planned as SGLang's deterministic flashinfer backend plans both
-(sglang_chunk_align/fa2.py): decode with BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)
+(sglang_chunk_align/tools/fa2.py): decode with BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)
 and a fixed split of 2048 (SGLANG_FLASHINFER_DECODE_SPLIT_TILE_SIZE), prefill with fa2 and a
 fixed split of 4096. For the last 16 positions of each prompt, one decode
 step each (query row p over KV [0, p]) against row p of the solo prefill.
@@ -17,7 +17,7 @@ import torch
 
 from benchmarks.replay_determinism import Content, Fa2PagedPrefill, run_batches
 from benchmarks.workload import SHAPES, RequestSpec
-from sglang_chunk_align import fa2
+from sglang_chunk_align.tools import fa2
 
 PROMPTS = (1042, 2147, 4600)
 STEPS = 16

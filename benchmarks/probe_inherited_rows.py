@@ -16,7 +16,7 @@ import os
 from benchmarks.replay_determinism import Content, Fa2PagedPrefill, run_batches
 from benchmarks.scheduling import donor_runs, load_requests
 from benchmarks.workload import SHAPES
-from sglang_chunk_align import fa2
+from sglang_chunk_align.tools import fa2
 
 SCHEDULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schedules_chat.json")
 

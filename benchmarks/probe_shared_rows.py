@@ -7,7 +7,7 @@ Run from the repository root: python3 -m benchmarks.probe_shared_rows
 """
 from benchmarks.replay_determinism import Fa2PagedPrefill, Content, run_batches
 from benchmarks.workload import RequestSpec, ModelShape
-from sglang_chunk_align import fa2
+from sglang_chunk_align.tools import fa2
 
 
 def main():

@@ -239,7 +239,7 @@ def launcher():
 def verify(run, server, reference, cache, radix, expect_identical=True):
     """`sglang-chunk-align verify --json` of `server` against `reference`, with the shared baseline cache."""
     command = [
-        sys.executable, "-m", "sglang_chunk_align.cli", "verify", "--server", server.url, "--json",
+        sys.executable, "-m", "sglang_chunk_align.tools.cli", "verify", "--server", server.url, "--json",
         "--prompts", str(run.args.prompts), "--baseline-cache", cache,
         *(["--reference", reference.url] if reference is not server else []),
         *(["--input-ids", "--vocab-size", str(run.config["vocab_size"])] if run.args.dummy else []),

@@ -35,7 +35,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from sglang_chunk_align import fa2
+from sglang_chunk_align.tools import fa2
 from sglang_chunk_align.kernel_facts import facts_for
 
 from .analysis import predict_hazards, prediction_summary, schedule_stats

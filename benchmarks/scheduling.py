@@ -1,7 +1,7 @@
 """Phase 1 of the replay benchmark: schedule a workload with SGLang's real PrefillAdder (CPU).
 
 Each configuration's schedule is run by the harness the tests share
-(sglang_chunk_align.scheduler_driver: SGLang's own scheduling loop, step by
+(sglang_chunk_align.harness.scheduler_driver: SGLang's own scheduling loop, step by
 step, over real SGLang objects); this module runs it over the seeded workload
 of workload.py and writes the schedule document the replay reads.
 """
@@ -10,7 +10,7 @@ import os
 import subprocess
 from dataclasses import asdict
 
-from sglang_chunk_align.scheduler_driver import SchedulerDriver, kernel_facts_of, sglang_config, truncation_align_size
+from sglang_chunk_align.harness.scheduler_driver import SchedulerDriver, kernel_facts_of, sglang_config, truncation_align_size
 
 from .workload import CONFIGS, SHAPES, WORKLOAD_SEED, RequestSpec, WorkloadSpec, group_token_lists, make_workload, prompt_tokens
 

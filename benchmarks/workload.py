@@ -57,7 +57,7 @@ UNCAPPED_KV_TOKENS = 1 << 20
 # Token ids: group prefixes and random suffixes draw from [RANDOM_TOKEN_LOW,
 # MARKER_BASE); each request's first own token is a unique marker, so a radix
 # match never runs past the shared prefix. Output tokens, unique per request, and the
-# vocabulary are the scheduler driver's (sglang_chunk_align.scheduler_driver.OUTPUT_BASE).
+# vocabulary are the scheduler driver's (sglang_chunk_align.harness.scheduler_driver.OUTPUT_BASE).
 RANDOM_TOKEN_LOW = 1000
 MARKER_BASE = 100_000
 

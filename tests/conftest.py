@@ -1,5 +1,5 @@
 """Fixtures for the whole suite; the stand-ins for what needs a GPU or a model live in
-the package (sglang_chunk_align.standins), shared with doctor and the benchmark.
+the package (sglang_chunk_align.harness.standins), shared with doctor and the benchmark.
 
 The suite runs against whichever supported release is installed (.ci/run runs
 it on the releases named in sglang_chunk_align/releases.py); what a release

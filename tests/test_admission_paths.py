@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_chunk_align import prefill_hooks, releases, scheduler_driver, standins
+from sglang_chunk_align import prefill_hooks, releases
+from sglang_chunk_align.harness import scheduler_driver, standins
 from sglang_chunk_align.compat import req_extend_end, sglang_at_least
 from sglang_chunk_align.planning import Rules
 

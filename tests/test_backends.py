@@ -6,7 +6,7 @@ import pytest
 
 from sglang_chunk_align import releases
 from sglang_chunk_align.compat import installed_version, sglang_at_least
-from sglang_chunk_align.standins import backend, flashinfer_backend, published
+from sglang_chunk_align.harness.standins import backend, flashinfer_backend, published
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from sglang_chunk_align import patch_table, patches, releases
 from sglang_chunk_align.alignment import chunk_size_error
 from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, radix_cache, sglang_at_least
 from sglang_chunk_align.kernel_facts import FACTS, facts_for, installed_facts, installed_flashinfer
-from sglang_chunk_align.standins import scheduler_alignment
+from sglang_chunk_align.harness.standins import scheduler_alignment
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MODELS = EXAMPLES.parent / "benchmarks" / "models"
@@ -35,14 +35,14 @@ class Hide:
         if name == "ray" and {ray}:
             return importlib.machinery.ModuleSpec("ray", None)
 sys.meta_path.insert(0, Hide())
-from sglang_chunk_align.cli import main
+from sglang_chunk_align.tools.cli import main
 sys.exit(main(["doctor"]))
 """
 
 
 def _cli(*args, **env):
     return subprocess.run(
-        [sys.executable, "-m", "sglang_chunk_align.cli", *args], capture_output=True, text=True, env={**os.environ, **env}
+        [sys.executable, "-m", "sglang_chunk_align.tools.cli", *args], capture_output=True, text=True, env={**os.environ, **env}
     )
 
 
@@ -86,7 +86,7 @@ def test_doctor_reports_a_working_install():
 def test_doctor_fails_on_an_invalid_environment(fresh_python):
     """The problem comes first, before the patch points; every switch stays shown, the bad one raw."""
     result = fresh_python(
-        "import sys; from sglang_chunk_align.cli import main; sys.exit(main(['doctor']))",
+        "import sys; from sglang_chunk_align.tools.cli import main; sys.exit(main(['doctor']))",
         SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED="yes",
     )
     assert result.returncode == 1
@@ -203,7 +203,7 @@ def test_plugin_selection_is_what_sglangs_own_loader_loads(monkeypatch, value):
     smg-grpc-servicer's smg-servicer and smg-zmq where SGLang installed it)."""
     from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
 
-    from sglang_chunk_align.cli import PLUGINS_GROUP, plugin_selection
+    from sglang_chunk_align.tools.cli import PLUGINS_GROUP, plugin_selection
 
     assert PLUGINS_GROUP == GENERAL_PLUGINS_GROUP
     if value is None:

@@ -5,7 +5,7 @@ from packaging.version import Version
 
 from sglang_chunk_align import patch_table, patches, plugin, releases
 from sglang_chunk_align.compat import ChunkAlignError, installed_version, sglang_at_least
-from sglang_chunk_align.standins import published, scheduler_alignment
+from sglang_chunk_align.harness.standins import published, scheduler_alignment
 
 UNSUPPORTED_OLDER = "0.5.11"  # the release before releases.OLDEST
 GUARD = patch_table.failure_guard(ChunkAlignError("test"))

@@ -1,6 +1,6 @@
 """The grid rules inside SGLang's real PrefillAdder, over random workloads.
 
-sglang_chunk_align/scheduler_driver.py drives SGLang's own scheduling
+sglang_chunk_align/harness/scheduler_driver.py drives SGLang's own scheduling
 objects step by step (PrefillAdder, Req, the radix cache, the KV allocator);
 these tests run it with the plugin on random prompts, shared prefixes,
 arrival orders, chunk sizes and KV budgets, and check every prefill batch.
@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks import analysis, scheduling, workload
-from sglang_chunk_align import prefill_hooks, releases, scheduler_driver
+from sglang_chunk_align import prefill_hooks, releases
+from sglang_chunk_align.harness import scheduler_driver
 from sglang_chunk_align.compat import sglang_at_least
 from sglang_chunk_align.planning import Rules, tile_conflicts
 

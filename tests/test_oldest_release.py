@@ -30,7 +30,7 @@ def test_attention_backends_and_plugin_system_import():
 
 def test_doctor_names_the_failing_patch_point_and_its_cause():
     result = subprocess.run(
-        [sys.executable, "-m", "sglang_chunk_align.cli", "doctor", "--json"], capture_output=True, text=True
+        [sys.executable, "-m", "sglang_chunk_align.tools.cli", "doctor", "--json"], capture_output=True, text=True
     )
     assert result.returncode == 1
     (problem,) = json.loads(result.stdout)["problems"]

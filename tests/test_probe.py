@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from sglang_chunk_align import probe
+from sglang_chunk_align.tools import probe
 from sglang_chunk_align.kernel_facts import FACTS, FI072, FI074, STRICTEST, facts_for
 
 EVIDENCE = pathlib.Path(__file__).parent / "gpu" / "evidence"
@@ -112,15 +112,15 @@ def test_a_model_config_without_a_gqa_shape_is_named(tmp_path, config, says):
         probe.model_shape(tmp_path)
 
 
-@pytest.mark.parametrize("command", [["sglang_chunk_align.probe"], ["sglang_chunk_align.cli", "probe", "--group", "4"],
-                                     ["sglang_chunk_align.cli", "probe", "--model-path", str(MODELS / "gemma-2b")]])
+@pytest.mark.parametrize("command", [["sglang_chunk_align.tools.probe"], ["sglang_chunk_align.tools.cli", "probe", "--group", "4"],
+                                     ["sglang_chunk_align.tools.cli", "probe", "--model-path", str(MODELS / "gemma-2b")]])
 def test_without_a_gpu_it_exits_2_with_one_line(command):
     run = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True)
     assert run.returncode == probe.CANNOT_MEASURE == 2
     assert run.stderr.count("\n") == 1 and "cannot measure here" in run.stderr
 
 
-@pytest.mark.parametrize("prog", [["sglang_chunk_align.probe"], ["sglang_chunk_align.cli", "probe"]])
+@pytest.mark.parametrize("prog", [["sglang_chunk_align.tools.probe"], ["sglang_chunk_align.tools.cli", "probe"]])
 @pytest.mark.parametrize(
     "args, bad",
     [(["--group", "0"], "argument --group: '0' is not an integer >= 1"),

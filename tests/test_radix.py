@@ -10,7 +10,7 @@ import pytest
 from packaging.version import Version
 
 from sglang_chunk_align import releases, scheduler_hooks
-from sglang_chunk_align.standins import bare, published, scheduler_alignment
+from sglang_chunk_align.harness.standins import bare, published, scheduler_alignment
 
 RADIX, RULES = "SGLANG_CHUNK_ALIGN_RADIX_CACHE", "SGLANG_CHUNK_ALIGN_RULES"
 STOCK_OFF = "Currently radix cache is not compatible with flashinfer attention backend for deterministic inference"

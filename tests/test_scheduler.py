@@ -10,7 +10,7 @@ from sglang_chunk_align import prefill_hooks, releases
 from sglang_chunk_align.compat import sglang_at_least
 from sglang_chunk_align.kernel_facts import installed_facts
 from sglang_chunk_align.planning import Rules
-from sglang_chunk_align.standins import (
+from sglang_chunk_align.harness.standins import (
     backend, bare, flashinfer_backend, published, scheduler, scheduler_alignment, stock_alignment_steps,
 )
 

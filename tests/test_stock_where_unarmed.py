@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sglang_chunk_align
-from sglang_chunk_align import prefill_hooks, releases, standins
+from sglang_chunk_align import prefill_hooks, releases
+from sglang_chunk_align.harness import standins
 from sglang_chunk_align.compat import RADIX_CACHE_ENV, RULES_ENV, installed_version, sglang_at_least
 from sglang_chunk_align.planning import Rules
 
@@ -190,7 +191,7 @@ def schedule(prompts, chunk, align, kv_tokens, radix, page_size, plugin, determi
     with the plugin loaded but its rules off (SGLANG_CHUNK_ALIGN_RULES=0) or without deterministic
     inference; the same alignment `align` both ways, so that only the admission paths differ."""
     from benchmarks import workload
-    from sglang_chunk_align import scheduler_driver
+    from sglang_chunk_align.harness import scheduler_driver
 
     requests, arrivals = [], []
     for rid, (prompt_len, shared_len, arrival, _) in enumerate(prompts):

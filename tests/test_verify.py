@@ -34,8 +34,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_chunk_align import PREFILL_Q_TILE_TOKENS, verify
-from sglang_chunk_align.cli import main
+from sglang_chunk_align import PREFILL_Q_TILE_TOKENS
+from sglang_chunk_align.tools import verify
+from sglang_chunk_align.tools.cli import main
 
 VOCAB = 1000
 ROOT = Path(__file__).resolve().parent.parent
@@ -449,14 +450,14 @@ class Hide:
             raise ImportError("sglang is hidden")
 sys.meta_path.insert(0, Hide())
 import sglang_chunk_align.plugin, sglang_chunk_align.patches
-assert "sglang_chunk_align.verify" not in sys.modules, "plugin loading imported verify"
-from sglang_chunk_align.cli import main
+assert "sglang_chunk_align.tools.verify" not in sys.modules, "plugin loading imported verify"
+from sglang_chunk_align.tools.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
 def _python(*args, code=None):
-    command = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "sglang_chunk_align.cli", *args]
+    command = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "sglang_chunk_align.tools.cli", *args]
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": pythonpath})
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 import sglang_chunk_align
-from sglang_chunk_align import releases, standins
+from sglang_chunk_align import releases
+from sglang_chunk_align.harness import standins
 from sglang_chunk_align.compat import sglang_at_least
 from sglang_chunk_align.kernel_facts import FI072
 from sglang_chunk_align.workspace import Planned, partial_bytes

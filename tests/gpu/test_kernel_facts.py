@@ -1,6 +1,6 @@
 """The installed flashinfer's kernel facts (sglang_chunk_align/kernel_facts.py) hold on this GPU.
 
-Runs `sglang-chunk-align probe`'s cases (sglang_chunk_align/probe.py), one
+Runs `sglang-chunk-align probe`'s cases (sglang_chunk_align/tools/probe.py), one
 test each, for GQA groups 1, 2, 4 and 8 at head_dim 128 and 256: fa2 paged
 prefill planned as SGLang's deterministic backend plans it, chunked against
 unchunked, torch.equal row by row, and each result judged by what the facts
@@ -15,7 +15,7 @@ with the reason. See tests/gpu/README.md.
 
 import pytest
 
-from sglang_chunk_align import fa2, probe
+from sglang_chunk_align.tools import fa2, probe
 from sglang_chunk_align.kernel_facts import installed_facts
 
 REASON = probe.why_not_measurable()

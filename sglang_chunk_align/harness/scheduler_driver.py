@@ -26,8 +26,9 @@ import os
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-from . import releases, standins
-from .compat import req_extend_end, req_prefix_len, sglang_at_least
+from .. import releases
+from . import standins
+from ..compat import req_extend_end, req_prefix_len, sglang_at_least
 
 # The stand-in model: its vocabulary, and the token it samples for request rid (OUTPUT_BASE + rid),
 # unique per request and above every prompt token the workloads draw.
@@ -73,7 +74,7 @@ def kernel_facts_of(version):
     """The plugin in this process takes flashinfer `version`'s kernel facts (None: the installed
     one's), as `sglang-chunk-align plan --flashinfer` does, so a schedule shows the rules of a
     release that is not installed (scheduling runs no kernel). Yields the facts."""
-    from . import kernel_facts
+    from .. import kernel_facts
 
     installed = kernel_facts.installed_flashinfer
     if version:

@@ -99,7 +99,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-from .alignment import PREFILL_Q_TILE_TOKENS
+from ..alignment import PREFILL_Q_TILE_TOKENS
 from .arguments import at_least
 
 WORKLOADS = ("mixed", "chat")

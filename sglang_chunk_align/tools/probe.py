@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 from . import fa2
 from .arguments import at_least
-from .kernel_facts import facts_for, installed_flashinfer
+from ..kernel_facts import facts_for, installed_flashinfer
 
 SEED = 20261129
 PROMPT_LEN = 2500
@@ -361,7 +361,7 @@ def add_arguments(parser):
     parser.add_argument("--out", help="also write the JSON report to this file")
 
 
-if __name__ == "__main__":  # python -m sglang_chunk_align.probe: no CLI imports (wrapt, SGLang) needed
+if __name__ == "__main__":  # python -m sglang_chunk_align.tools.probe: no CLI imports (wrapt, SGLang) needed
     import argparse
 
     cli = argparse.ArgumentParser(prog="sglang-chunk-align probe")

@@ -1,6 +1,6 @@
 """argparse types the commands share (plan, verify, probe).
 
-Standard library only: `python -m sglang_chunk_align.probe` runs on a GPU
+Standard library only: `python -m sglang_chunk_align.tools.probe` runs on a GPU
 machine where only torch and flashinfer are installed.
 """
 

@@ -22,12 +22,14 @@ from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
 
-from . import patch_table, patches, probe, releases, standins, verify
+from .. import patch_table, patches, releases
+from . import probe, verify
+from ..harness import standins
 from .arguments import at_least
-from .planning import Rules, plan
-from .alignment import chunk_size_error
-from .kernel_facts import facts_for, installed_facts, installed_flashinfer
-from .compat import (
+from ..planning import Rules, plan
+from ..alignment import chunk_size_error
+from ..kernel_facts import facts_for, installed_facts, installed_flashinfer
+from ..compat import (
     RADIX_OPT_IN_NEEDS,
     RULES_ENV,
     SUPPORTED_SGLANG,

@@ -1,0 +1,98 @@
+"""The package's three kinds of code, kept apart by where they live, not by a list:
+
+- runtime, `sglang_chunk_align/*.py`: what plugin loading may import (it loads in every SGLang process);
+- harness, `sglang_chunk_align/harness/`: real SGLang objects driven without a GPU, for doctor,
+  the tests and the benchmarks; it may import the runtime;
+- tools, `sglang_chunk_align/tools/`: the user's commands; they may import the runtime and the harness.
+
+Every import inside the package is read from the source (ast), so a new module is covered by
+the folder it is put in."""
+
+import ast
+import sys
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "sglang_chunk_align"
+# What each kind may import of the package: the layers, bottom up.
+MAY_IMPORT = {"runtime": {"runtime"}, "harness": {"runtime", "harness"}, "tools": {"runtime", "harness", "tools"}}
+
+
+def module_name(path):
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def kind(module):
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or parts[-1] in ("tools", "harness") else "runtime"
+
+
+def package_imports(path, modules):
+    """The package's modules that `path` imports anywhere in its body (lazy imports included):
+    `from . import x` names module x, `from .x import f` names module x."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            submodules = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
+            targets = submodules or [base]  # `from . import x` imports module x, not the package's names
+        else:
+            continue
+        found |= {t for t in targets if t in modules and t != module}
+    return found
+
+
+def import_graph():
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): package_imports(p, modules) for p in paths}
+
+
+def test_the_graph_is_read_from_every_module_of_the_three_kinds():
+    graph = import_graph()
+    assert {kind(m) for m in graph} == set(MAY_IMPORT)
+    # Sensitive: known edges of each kind are seen, a lazy one among them (apply() imports patches).
+    assert "sglang_chunk_align.patches" in graph["sglang_chunk_align"]
+    assert "sglang_chunk_align.harness.standins" in graph["sglang_chunk_align.tools.cli"]
+    assert "sglang_chunk_align.compat" in graph["sglang_chunk_align.harness.scheduler_driver"]
+
+
+@pytest.mark.parametrize("module", sorted(import_graph()))
+def test_each_module_imports_only_its_own_kind_or_a_lower_one(module):
+    wrong = {m for m in import_graph()[module] if kind(m) not in MAY_IMPORT[kind(module)]}
+    assert not wrong, f"{module} ({kind(module)}) imports {sorted(wrong)}"
+
+
+def test_no_import_cycle():
+    try:
+        TopologicalSorter(import_graph()).prepare()
+    except CycleError as cycle:
+        pytest.fail(f"import cycle: {' -> '.join(cycle.args[1])}")
+
+
+def test_a_runtime_import_of_a_tool_or_a_cycle_would_be_caught(tmp_path, monkeypatch):
+    """The checks above fail on the faults they exist for: a copy of the package with
+    compat importing the CLI, and verify importing cli back (the cycle issue 27 removed)."""
+    import shutil
+
+    copy = tmp_path / "sglang_chunk_align"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with (copy / "compat.py").open("a") as f:
+        f.write("\n\ndef _late():\n    from .tools import cli\n")
+    with (copy / "tools" / "verify.py").open("a") as f:
+        f.write("\nfrom . import cli\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", copy)
+    with pytest.raises(AssertionError, match=r"compat \(runtime\) imports \['sglang_chunk_align.tools.cli'\]"):
+        test_each_module_imports_only_its_own_kind_or_a_lower_one("sglang_chunk_align.compat")
+    with pytest.raises(pytest.fail.Exception, match="import cycle"):
+        test_no_import_cycle()
