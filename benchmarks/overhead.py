@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from importlib import metadata
+from sglang_chunk_align.compat import installed_release
 
 from sglang_chunk_align.harness.scheduler_driver import SchedulerDriver, sglang_config, truncation_align_size
 
@@ -314,7 +314,7 @@ def summarize_load(raw):
 def machine():
     model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                  platform.processor())
-    versions = {dist: metadata.version(dist) for dist in ("sglang", "torch", "sglang-chunk-align")}
+    versions = {dist: installed_release(dist) for dist in ("sglang", "torch", "sglang-chunk-align")}
     return dict(cpu=model, cores=os.cpu_count(), python=platform.python_version(), **versions,
                 checkout=checkout_state(), load_average_at_start=list(os.getloadavg()))
 

@@ -49,7 +49,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from importlib import metadata
+from sglang_chunk_align.compat import installed_release
 
 READY_TIMEOUT_S = 420
 # SGLang loads every installed plugin while SGLANG_PLUGINS is unset: stock SGLang names none of them.
@@ -334,12 +334,8 @@ def _model_config(path):
 
 def stack():
     """What ran: the packages, the GPU and its driver."""
-    versions = {}
-    for dist in ("sglang", "sglang-kernel", "flashinfer-python", "torch", "sglang-chunk-align", "transformers"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = None
+    dists = ("sglang", "sglang-kernel", "flashinfer-python", "torch", "sglang-chunk-align", "transformers")
+    versions = {dist: installed_release(dist) for dist in dists}
     try:
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30).stdout.strip()

@@ -10,6 +10,7 @@ import os
 import subprocess
 from dataclasses import asdict
 
+from sglang_chunk_align.compat import installed_release
 from sglang_chunk_align.harness.scheduler_driver import SchedulerDriver, kernel_facts_of, sglang_config, truncation_align_size
 
 from .workload import CONFIGS, SHAPES, WORKLOAD_SEED, RequestSpec, WorkloadSpec, group_token_lists, make_workload, prompt_tokens
@@ -24,8 +25,6 @@ def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, T
     shape; the others once, with "shape" None. `flashinfer`: the release whose
     kernel facts the plugin plans with (default: the installed one).
     """
-    from importlib import metadata
-
     checkout = checkout_state()  # before scheduling: the code that runs is the code imported now
     requests, group_lens = make_workload(spec)
     groups = group_token_lists(group_lens)
@@ -34,7 +33,7 @@ def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, T
     with kernel_facts_of(flashinfer) as facts:
         _schedule_all(spec, configs, radix_modes, page_sizes, shapes, arrivals, schedules)
     return dict(
-        meta=dict(name=name, sglang=metadata.version("sglang"), seed=WORKLOAD_SEED, workload=asdict(spec),
+        meta=dict(name=name, sglang=installed_release("sglang"), seed=WORKLOAD_SEED, workload=asdict(spec),
                   checkout=checkout, flashinfer_facts=facts.flashinfer),
         requests=[asdict(request) for request in requests],
         group_lens=group_lens,

@@ -55,12 +55,19 @@ class ChunkAlignError(RuntimeError):
         )
 
 
-def installed_version(dist="sglang"):
-    """The installed version of `dist`, or None when it is not installed."""
+def installed_release(dist):
+    """The one reader of installed versions: `dist`'s version string from its metadata (nothing
+    imported), or None when it is not installed."""
     try:
-        return Version(metadata.version(dist))
+        return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+def installed_version(dist="sglang"):
+    """The installed version of `dist`, parsed, or None when it is not installed."""
+    release = installed_release(dist)
+    return None if release is None else Version(release)
 
 
 def admits(gate, version):

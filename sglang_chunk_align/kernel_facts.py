@@ -18,7 +18,7 @@ process, where a scheduler or the CLI first asks.
 
 import functools
 import logging
-from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 logger = logging.getLogger("sglang_chunk_align")
 
@@ -26,9 +26,11 @@ logger = logging.getLogger("sglang_chunk_align")
 PROBE_COMMAND = "sglang-chunk-align probe"
 
 
-@dataclass(frozen=True)
-class KernelFacts:
-    """How fa2 prefill behaves on one flashinfer release, in packed rows (tokens x GQA group)."""
+class KernelFacts(NamedTuple):
+    """How fa2 prefill behaves on one flashinfer release, in packed rows (tokens x GQA group).
+
+    A NamedTuple, not a dataclass: this module loads in every SGLang process (patches.py says why).
+    """
 
     flashinfer: str
     # Chunk starts must lie on multiples of this many packed rows (fa2's 128-row q-tile; where
@@ -212,17 +214,14 @@ def facts_for(version):
         f"the strictest measured ones (flashinfer {', '.join(FACTS)}); run `{PROBE_COMMAND}` on a GPU "
         "to measure them."
     )
-    return replace(STRICTEST, flashinfer=version or "none"), warning
+    return STRICTEST._replace(flashinfer=version or "none"), warning
 
 
 def installed_flashinfer():
-    """The installed flashinfer-python release, or None; read from its metadata, not imported."""
-    from importlib import metadata
+    """The installed flashinfer-python release, or None: the release FACTS are keyed by."""
+    from .compat import installed_release
 
-    try:
-        return metadata.version("flashinfer-python")
-    except metadata.PackageNotFoundError:
-        return None
+    return installed_release("flashinfer-python")
 
 
 @functools.cache

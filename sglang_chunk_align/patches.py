@@ -19,6 +19,10 @@ attribute SGLang lacks).
 No two points a release selects may share a target (their version ranges
 would overlap, and the second wrapper would hide the first from remove()),
 and an install that fails partway is rolled back before the error is raised.
+
+Why wrapt and not SGLang's own plugins/hook_registry.py: hooks go in lazily, per module, when
+SGLang imports it (post-import hooks); remove() restores exactly what was there; each point has a
+version range; and a failed install leaves a guard that refuses deterministic flashinfer.
 """
 
 import importlib
@@ -36,9 +40,11 @@ ALL_RELEASES = ""  # every release compat.SUPPORTED_SGLANG admits
 _ABSENT = object()  # what an owner's __dict__ holds for an attribute it lacks
 
 
-# Plain classes with __slots__, not dataclasses: every method a dataclass generates costs each
-# process that loads plugins ~1 ms at import (commit 304b862), and nothing changes or compares
-# the table's points.
+# The import-cost rule for every module plugin loading imports (it loads in every SGLang
+# process): no dataclasses. Defining one costs ~0.6 ms (its generated methods are compiled at
+# import); four of them were 3.3 of the plugin's 5.5 ms of module imports (python -X importtime,
+# bytecode compiled, 2-core CPU). Objects are plain classes with __slots__ (~0.01 ms); immutable
+# values that need equality or _replace are typing.NamedTuple (~0.1 ms). The tools may use dataclasses.
 class PatchPoint:
     """What every kind shares: where the point goes, which releases select it, and why."""
 

@@ -34,8 +34,7 @@ them alike.
 """
 
 import math
-from dataclasses import dataclass, field
-from functools import cached_property
+from typing import NamedTuple
 
 from .kernel_facts import installed_facts
 
@@ -48,38 +47,41 @@ def q_tile_grid(rows, group):
     return rows // math.gcd(rows, group)
 
 
-@dataclass(frozen=True)
 class Rules:
     """One process's rules, fixed at startup. The lengths derived from the kernel facts are
-    computed once each (cached_property): the admission hooks read them several times per
-    decision, and min_tail alone re-derived costs a continuation decision ~25 µs."""
+    computed once, here: the admission hooks read them several times per decision, and min_tail
+    alone re-derived costs a continuation decision ~25 µs. A slots class, not a dataclass: this
+    module loads in every SGLang process (patches.py says why)."""
 
-    group: int = 1  # packed rows per token: q heads per KV head as fa2 is planned (1: unknown)
-    head_dim: int = None  # None: unknown, tiles compared at every head_dim, no short-KV exemption
-    page_size: int = 1  # SGLang's KV page: a reused prefix ends on a page
-    facts: object = field(default_factory=installed_facts)  # kernel_facts.KernelFacts
+    __slots__ = ("group", "head_dim", "page_size", "facts", "grid", "min_tail", "exempt_kv", "tile_grid")
 
-    @cached_property
-    def grid(self):
-        """Tokens; every extend starts on a multiple of it."""
-        rows = self.facts.grid_rows
-        return math.lcm(q_tile_grid(rows, self.group), self.page_size) if rows else self.page_size
+    def __init__(self, group=1, head_dim=None, page_size=1, facts=None):
+        self.group = group  # packed rows per token: q heads per KV head as fa2 is planned (1: unknown)
+        self.head_dim = head_dim  # None: unknown, tiles compared at every head_dim, no short-KV exemption
+        self.page_size = page_size  # SGLang's KV page: a reused prefix ends on a page
+        self.facts = facts = installed_facts() if facts is None else facts  # kernel_facts.KernelFacts
+        rows = facts.grid_rows
+        # Tokens; every extend starts on a multiple of it.
+        self.grid = math.lcm(q_tile_grid(rows, group), page_size) if rows else page_size
+        # Tokens; the shortest extend that gets the full tile.
+        self.min_tail = facts.full_tile_above_rows(head_dim) // group + 1
+        # Members whose KV is at most this many tokens may run on any tile.
+        self.exempt_kv = facts.exempt_kv(head_dim)
+        # Tokens; what fa2's largest q-tile (128 rows) spans, joined with the page: a prompt's
+        # rows after its last multiple of it were computed in a partial q-tile.
+        self.tile_grid = math.lcm(q_tile_grid(facts.cta_tile(1 << 30, 0), group), page_size)
 
-    @cached_property
-    def min_tail(self):
-        """Tokens; the shortest extend that gets the full tile."""
-        return self.facts.full_tile_above_rows(self.head_dim) // self.group + 1
+    def _given(self):
+        return self.group, self.head_dim, self.page_size, self.facts
 
-    @cached_property
-    def exempt_kv(self):
-        """Members whose KV is at most this many tokens may run on any tile."""
-        return self.facts.exempt_kv(self.head_dim)
+    def __eq__(self, other):  # rules are equal where they were given the same; the rest derives
+        return type(other) is Rules and self._given() == other._given()
 
-    @cached_property
-    def tile_grid(self):
-        """Tokens; what fa2's largest q-tile (128 rows) spans, joined with the page: a prompt's
-        rows after its last multiple of it were computed in a partial q-tile."""
-        return math.lcm(q_tile_grid(self.facts.cta_tile(1 << 30, 0), self.group), self.page_size)
+    def __hash__(self):
+        return hash(self._given())
+
+    def __repr__(self):
+        return "Rules(group={}, head_dim={}, page_size={}, facts={!r})".format(*self._given())
 
     def solo_tile(self, prompt_len):
         return self.facts.cta_tile(prompt_len * self.group, self.head_dim)
@@ -149,8 +151,7 @@ def tile_conflicts(members, rules):
     ]
 
 
-@dataclass(frozen=True)
-class Chunk:
+class Chunk(NamedTuple):
     start: int
     end: int
     tile: int

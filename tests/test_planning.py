@@ -1,6 +1,5 @@
 """The pure planner behind the grid rules (the `plan` command is tested in test_cli.py)."""
 
-from dataclasses import replace
 from functools import partial
 
 from hypothesis import given
@@ -127,7 +126,7 @@ def test_every_plan_starts_on_the_grid_and_keeps_the_solo_tile(prompt_len, cache
 def test_one_fact_changes_the_rules():
     """Starts off the grid exact (grid None): a chunk of 192 is accepted, a radix hit is not
     rounded (only min_tail is left to compute), and the backend declares 1."""
-    anywhere = Rules(group=4, facts=replace(FI072, grid_rows=None))
+    anywhere = Rules(group=4, facts=FI072._replace(grid_rows=None))
     assert chunk_size_error(192, 128, 128) and not chunk_size_error(192, 1, 1, min_piece=anywhere.min_tail)
     assert (anywhere.grid, Rules(group=4).grid) == (1, 32)
     assert (usable_prefix(1000, 2500, anywhere), usable_prefix(1000, 2500, Rules(group=4))) == (1000, 992)
@@ -147,6 +146,6 @@ def test_the_tree_takes_what_prefill_reproduces():
     prompt, up_to = 2000, 2100  # 100 generated tokens after a 2000-token prompt
     assert published_len(up_to, prompt, RULES) == 1920  # 0.7.2: partial-tile rows and decoded rows out
     assert published_len(up_to, prompt, Rules(facts=FI074)) == 2000  # 0.7.4: partial-tile rows reproduce
-    equal_rows = replace(FI074, decoded_rows_equal=True)
+    equal_rows = FI074._replace(decoded_rows_equal=True)
     assert published_len(up_to, prompt, Rules(facts=equal_rows)) == 2100
     assert published_len(up_to, prompt, Rules(group=4, page_size=64, facts=FI072)) == 1984  # lcm(32, 64)

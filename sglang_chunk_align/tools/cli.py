@@ -37,6 +37,7 @@ from ..compat import (
     admits,
     check_sglang_version,
     check_switches,
+    installed_release,
     installed_version,
     radix_cache,
     sglang_at_least,
@@ -66,7 +67,7 @@ RAY_WARNING = (
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="sglang-chunk-align")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_dist_version('sglang-chunk-align')}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_release('sglang-chunk-align')}")
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser("doctor", help="check the installed SGLang and the patch points")
     doctor.add_argument("--json", action="store_true", help="print a JSON report")
@@ -168,7 +169,7 @@ def run_plan(planner, args):
     warnings = list(filter(None, [facts.shape_warning(group, head_dim)]))
     if args.json:
         print(json.dumps(
-            {**{name: [vars(c) for c in chunks] for name, chunks in schedules.items()}, "warnings": warnings},
+            {**{name: [c._asdict() for c in chunks] for name, chunks in schedules.items()}, "warnings": warnings},
             indent=2,
         ))
     else:
@@ -188,7 +189,7 @@ def run_plan(planner, args):
 def run_doctor():
     version = installed_version()
     report = {
-        "versions": {d: _dist_version(d) for d in ("sglang-chunk-align", "sglang", "flashinfer-python", "torch", "wrapt")},
+        "versions": {d: installed_release(d) for d in ("sglang-chunk-align", "sglang", "flashinfer-python", "torch", "wrapt")},
         "supported_sglang": SUPPORTED_SGLANG,
         "switches": {name: value if value is None or isinstance(value, str) else int(value)
                      for name, value in switch_values().items()},
@@ -390,13 +391,6 @@ def _plugins_line(plugins):
     if plugins["unknown"]:
         parts.append(f"no installed plugin is named {', '.join(plugins['unknown'])}")
     return "; ".join(parts)
-
-
-def _dist_version(dist):
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _subclasses(cls):
