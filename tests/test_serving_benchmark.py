@@ -1,7 +1,6 @@
 """benchmarks/serving.py on CPU: its workloads and long-prompt probe against a stand-in for
 SGLang's streamed /generate (the servers themselves need a GPU), and the recorded H200 run."""
 
-import ast
 import json
 import pathlib
 import threading
@@ -10,10 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import real_server, serving
-
-RECORDED = pathlib.Path(serving.__file__).parent / "logs" / "serving_h200" / "serving.json"
-
+from benchmarks import real_server, serving, serving_plot
 
 class Streaming(BaseHTTPRequestHandler):
     """SGLang's streamed /generate with --skip-tokenizer-init, as far as the benchmark reads it:
@@ -110,24 +106,13 @@ def test_a_stream_cut_short_is_an_error_not_a_measurement(stand_in):
             Streaming.do_POST = original
 
 
-PRINTED = pathlib.Path(serving.__file__).parent / "logs" / "serving_h200" / "printed_call2.txt"
 README = pathlib.Path(serving.__file__).parent / "README.md"
 ROWS = {"plugin, chunk 256, radix cache": "plugin-256",
         "stock deterministic flashinfer, chunk 4096 (radix forced off)": "stock-4096",
         "stock deterministic triton, chunk 256, radix cache": "triton-256",
         "non-deterministic flashinfer, chunk 256, radix cache (the ceiling)": "nondet-256"}
-WORKLOADS = ("rl", "agent", "interactive", "streamed")
-
-
-def printed_setups():
-    """The recorded run's summary lines: setup -> (verify ok, {workload: (wall_s, output_tok_s,
-    itl_p99_s, itl_max_s)})."""
-    setups = {}
-    for line in PRINTED.read_text().splitlines():
-        if line.startswith("SETUP "):
-            _, name, verify, rest = line.split(" ", 3)
-            setups[name] = (ast.literal_eval(verify), ast.literal_eval(rest[rest.index("{"):rest.index("}") + 1]))
-    return setups
+WORKLOADS = serving_plot.WORKLOADS
+printed_setups = serving_plot.recorded_setups
 
 
 def readme_row(label):
@@ -167,3 +152,14 @@ def test_the_top_readmes_table_is_the_recorded_runs_numbers():
     gaps = next(line for line in lines if line.startswith("| longest wait")).split(" | ")[1:]
     assert [float(g.strip("* |").removesuffix(" s")) for g in gaps] == [
         round(max(setups[name][w][3] for w in WORKLOADS), 1 if name != "plugin-256" else 2) for name in order]
+
+
+def test_the_plot_draws_every_setup_the_run_reached(tmp_path):
+    """benchmarks/logs/serving_h200/serving_h200.png comes from the same lines; plugin-1024,
+    which the run did not reach, is left out rather than drawn empty."""
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib (the bench extra)")
+    setups = printed_setups()
+    assert setups["plugin-1024"] == (None, {}) and len([s for s in setups.values() if s[1]]) == 4
+    out = tmp_path / "serving.png"
+    serving_plot.plot(setups, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
