@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .alignment import combine_alignments
 from .compat import ChunkAlignError
-from .kernel_facts import installed_facts
+from .kernel_facts import facts_in_force
 from .workspace import Planned
 
 # Stock SGLang before 0.5.22 aligned deterministic triton prefill to this (default 4096).
@@ -23,8 +23,8 @@ TRITON_ALIGN_ENV = "SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE"
 
 
 def flashinfer_prefill_chunk_align(backend):
-    """What the installed flashinfer's fa2 needs chunk starts on (kernel_facts: 128 on 0.7.2, 1 on
-    0.7.4) when deterministic fa2 paged prefill runs, else None."""
+    """What the flashinfer in force's fa2 needs chunk starts on (kernel_facts.facts_in_force: 128 on
+    0.7.2, 1 on 0.7.4) when deterministic fa2 paged prefill runs, else None."""
     runs_fixed_split_fa2 = (
         getattr(backend, "enable_deterministic", False)
         # Set from SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE under deterministic inference only.
@@ -32,7 +32,7 @@ def flashinfer_prefill_chunk_align(backend):
         and getattr(backend, "prefill_backend", None) == "fa2"
         and not getattr(backend, "skip_prefill", False)
     )
-    return installed_facts().chunk_align if runs_fixed_split_fa2 else None
+    return facts_in_force().chunk_align if runs_fixed_split_fa2 else None
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,9 @@ lengths (tokens x GQA group). A request's chunked prefill is bit-exact
 against its solo unchunked prefill when every chunk runs on the tile its solo
 prefill gets and, on flashinfer releases where starts matter (0.7.2: 128 packed
 rows), starts on the q-tile grid. Those kernel facts come from
-kernel_facts.py, per flashinfer release (Rules.facts: the installed one's by
-default). Counted in packed rows, a known group g relaxes each rule g-fold:
+kernel_facts.py, per flashinfer release (Rules.facts: the scheduler passes the
+ones in force, the default). Counted in packed rows, a known group g relaxes
+each rule g-fold:
 
 - the grid: 128 packed rows are 128/gcd(128, g) tokens, joined with SGLang's
   KV page; where starts do not matter (0.7.4) it is the page alone;
@@ -37,7 +38,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .kernel_facts import installed_facts
+from .kernel_facts import facts_in_force
 
 # How chunk_end treats a final piece too short for the full tile that no earlier cut can merge.
 KEEP, WAIT, RIDE = "keep", "wait", "ride"
@@ -57,7 +58,7 @@ class Rules:
     group: int = 1  # packed rows per token: q heads per KV head as fa2 is planned (1: unknown)
     head_dim: int = None  # None: unknown, tiles compared at every head_dim, no short-KV exemption
     page_size: int = 1  # SGLang's KV page: a reused prefix ends on a page
-    facts: object = field(default_factory=installed_facts)  # kernel_facts.KernelFacts
+    facts: object = field(default_factory=facts_in_force)  # kernel_facts.KernelFacts
 
     @cached_property
     def grid(self):

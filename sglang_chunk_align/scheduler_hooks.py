@@ -18,7 +18,7 @@ from .backends import fa2_backends, planned_prefill, runs_fa2_grid
 from .compat import (
     DECODE_WAIT_ENV, RULES_ENV, check_switches, env_flag, installed_version, radix_cache, sglang_at_least,
 )
-from .kernel_facts import installed_facts
+from .kernel_facts import facts_in_force
 from .planning import Rules
 
 logger = logging.getLogger("sglang_chunk_align")
@@ -178,7 +178,7 @@ def _workspace_refusal(scheduler, backend):
     if not max_prompt:
         return None
     for planned in filter(None, map(planned_prefill, fa2_backends(backend))):
-        problem = planned.refusal(scheduler.chunked_prefill_size, max_prompt, installed_facts().cta_tile)
+        problem = planned.refusal(scheduler.chunked_prefill_size, max_prompt, facts_in_force().cta_tile)
         if problem:
             return problem
     return None

@@ -1,5 +1,6 @@
 """The Scheduler's own alignment steps, stock and patched, on real server configs."""
 
+import contextlib
 import inspect
 import re
 
@@ -171,16 +172,13 @@ def test_rules_take_the_grid_from_the_planned_heads_and_log_it(plugin, caplog):
 
 
 @pytest.fixture
-def flashinfer_release(monkeypatch):
-    """Make the plugin take the kernel facts of the flashinfer release named, as if installed."""
+def flashinfer_release():
+    """Make the plugin take the kernel facts of the flashinfer release named, as the harness
+    chooses them (kernel_facts.chosen): its WARNING, where unmeasured, is logged when named."""
     from sglang_chunk_align import kernel_facts
 
-    def use(version):
-        monkeypatch.setattr(kernel_facts, "installed_flashinfer", lambda: version)
-        kernel_facts.installed_facts.cache_clear()
-
-    yield use
-    kernel_facts.installed_facts.cache_clear()  # monkeypatch restores the real release after this
+    with contextlib.ExitStack() as chosen:
+        yield lambda version: chosen.enter_context(kernel_facts.chosen(kernel_facts.release_facts(version)))
 
 
 @needs_grid_rules
