@@ -14,8 +14,9 @@ measure it.
 Plain data and small functions, no imports beyond the standard library: the
 plugin loads in every SGLang process, and installed_facts() runs once per
 process, where a scheduler that runs fa2 or the CLI first asks. The scheduler
-reads the facts in force (facts_in_force); the
-harness chooses another release's for a block (chosen), never by patching.
+reads the facts in force (facts_in_force) where SGLang calls in and passes
+them on; the harness chooses another release's for a block (chosen), never by
+patching.
 """
 
 import contextlib
@@ -261,6 +262,6 @@ def chosen(facts):
 
 def facts_in_force():
     """What the plugin's scheduler plans with: the facts chosen() for this block, else the
-    installed release's."""
+    installed release's. Read where SGLang calls in (backends.facts_needed), and passed on."""
     facts = _chosen.get()
     return installed_facts() if facts is None else facts
