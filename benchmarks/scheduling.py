@@ -10,8 +10,9 @@ import os
 import subprocess
 from dataclasses import asdict
 
+from sglang_chunk_align import kernel_facts
 from sglang_chunk_align.compat import installed_release
-from sglang_chunk_align.harness.scheduler_driver import SchedulerDriver, kernel_facts_of, sglang_config, truncation_align_size
+from sglang_chunk_align.harness.scheduler_driver import SchedulerDriver, sglang_config, truncation_align_size
 
 from .workload import CONFIGS, SHAPES, WORKLOAD_SEED, RequestSpec, WorkloadSpec, group_token_lists, make_workload, prompt_tokens
 
@@ -30,7 +31,8 @@ def schedule_workload(spec: WorkloadSpec, configs=CONFIGS, radix_modes=(False, T
     groups = group_token_lists(group_lens)
     arrivals = [(request, prompt_tokens(request, groups)) for request in requests]
     schedules = []
-    with kernel_facts_of(flashinfer) as facts:
+    facts = kernel_facts.release_facts(flashinfer) if flashinfer else kernel_facts.installed_facts()
+    with kernel_facts.chosen(facts):  # scheduling runs no kernel: any release's facts plan it
         _schedule_all(spec, configs, radix_modes, page_sizes, shapes, arrivals, schedules)
     return dict(
         meta=dict(name=name, sglang=installed_release("sglang"), seed=WORKLOAD_SEED, workload=asdict(spec),

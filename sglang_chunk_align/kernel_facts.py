@@ -13,9 +13,14 @@ measure it.
 
 Plain data and small functions, no imports beyond the standard library: the
 plugin loads in every SGLang process, and installed_facts() runs once per
-process, where a scheduler or the CLI first asks.
+process, where a scheduler that runs fa2 or the CLI first asks. The scheduler
+reads the facts in force (facts_in_force) where SGLang calls in and passes
+them on; the harness chooses another release's for a block (chosen), never by
+patching.
 """
 
+import contextlib
+import contextvars
 import functools
 import logging
 from typing import NamedTuple
@@ -224,10 +229,38 @@ def installed_flashinfer():
     return installed_release("flashinfer-python")
 
 
-@functools.cache
-def installed_facts():
-    """The facts of the installed flashinfer, once per process; an unmeasured one warns once."""
-    facts, warning = facts_for(installed_flashinfer())
+def release_facts(version):
+    """The facts of flashinfer `version` (None: not installed), as the plugin takes them; where
+    nobody measured it, its WARNING is logged."""
+    facts, warning = facts_for(version)
     if warning:
         logger.warning(warning)
     return facts
+
+
+@functools.cache
+def installed_facts():
+    """The facts of the installed flashinfer, once per process: an unmeasured one warns once."""
+    return release_facts(installed_flashinfer())
+
+
+_chosen = contextvars.ContextVar("sglang_chunk_align.kernel_facts.chosen", default=None)
+
+
+@contextlib.contextmanager
+def chosen(facts):
+    """Within this block, the plugin plans with `facts` (a KernelFacts) instead of the installed
+    release's: the harness's way to schedule with a release that is not installed (scheduling
+    runs no kernel), as `sglang-chunk-align plan --flashinfer` does. Yields `facts`."""
+    token = _chosen.set(facts)
+    try:
+        yield facts
+    finally:
+        _chosen.reset(token)
+
+
+def facts_in_force():
+    """What the plugin's scheduler plans with: the facts chosen() for this block, else the
+    installed release's. Read where SGLang calls in (backends.facts_needed), and passed on."""
+    facts = _chosen.get()
+    return installed_facts() if facts is None else facts

@@ -24,37 +24,44 @@ _FLOOR = f">={releases.FLOOR_CHUNKED_TOKENS}"
 _BUDGET = f">={releases.MEMORY_BUDGET}"  # the adder's memory budget object answers a continuation's chunk
 _BUDGET_MODULE = "sglang.srt.mem_cache.prefill_budget"
 _RADIX = f">={releases.RADIX_OPT_IN}"  # the grid rules for radix hits and the tree, and the radix cache kept on
+_ALIGN = property(backends.prefill_chunk_align)  # every declaring class's, read from its prefill_declaration
 
 
-def _forward(module, class_name, children, reason, versions=ALL_RELEASES):
-    """A wrapper backend forwards both declarations from the children that run its prefill."""
+def _declare(module, class_name, declaration, reason, versions=ALL_RELEASES):
+    """A backend class's one declaration, `prefill_declaration`, and `prefill_chunk_align` read from
+    it (backends.prefill_chunk_align). `declaration`: a getter in backends.py, a backends.Forward,
+    or None where the class declares nothing; its prefill_chunk_align is then None on the class
+    too, as AttentionBackend's default reads."""
+    if declaration is None:
+        getter, align = property(backends.declares_nothing), None
+    else:
+        getter = declaration if isinstance(declaration, backends.Forward) else property(declaration)
+        align = _ALIGN
     return (
-        Declare(module, f"{class_name}.prefill_chunk_align", property(backends.forward_to(*children)), reason, versions),
-        Declare(module, f"{class_name}.prefill_q_tile_geometry", property(backends.forward_geometry_to(*children)),
-                reason, versions),
+        Declare(module, f"{class_name}.prefill_declaration", getter, reason, versions),
+        Declare(module, f"{class_name}.prefill_chunk_align", align, reason, versions),
     )
 
 
+def _forward(module, class_name, children, reason, versions=ALL_RELEASES):
+    """A wrapper backend forwards the declaration of the children that run its prefill."""
+    return _declare(module, class_name, backends.Forward(*children), reason, versions)
+
+
 PATCH_POINTS = (
-    Declare(_ATTN + "base_attn_backend", "AttentionBackend.prefill_chunk_align", None,
-            "default: a backend needs no prefill chunk alignment"),
-    Declare(_ATTN + "base_attn_backend", "AttentionBackend.prefill_q_tile_geometry", None,
-            "default: the q-tile geometry is unknown, so the grid rules stay conservative"),
-    Declare(_ATTN + "flashinfer_backend", "FlashInferAttnBackend.prefill_chunk_align",
-            property(backends.flashinfer_prefill_chunk_align),
-            "deterministic fa2 paged prefill is exact only for chunks on its 128-row q-tile grid"),
-    Declare(_ATTN + "flashinfer_backend", "FlashInferAttnBackend.prefill_q_tile_geometry",
-            property(backends.flashinfer_q_tile_geometry),
-            "the heads and head_dim fa2 prefill is planned with: the grid in packed rows"),
-    Declare(_ATTN + "trtllm_mha_backend", "TRTLLMHAAttnBackend.prefill_chunk_align", None,
-            "FlashInferAttnBackend subclass whose prefill runs TRT-LLM kernels"),
-    Declare(_ATTN + "llada2_cfg_flashinfer_backend",
-            "LLaDA2CFGFlashInferAttnBackend.prefill_chunk_align", None,
-            "FlashInferAttnBackend subclass whose diffusion prefill is not chunked fa2",
-            f">={releases.LLADA2_CFG_BACKEND}"),
-    Declare(_ATTN + "triton_backend", "TritonAttnBackend.prefill_chunk_align",
-            property(backends.triton_prefill_chunk_align),
-            "keeps what these releases aligned deterministic triton to", f"<{_STOCK_CHECK}"),
+    *_declare(_ATTN + "base_attn_backend", "AttentionBackend", None,
+              "default: a backend needs no prefill chunk alignment, and its q-tile geometry is unknown, "
+              "so the grid rules stay conservative"),
+    *_declare(_ATTN + "flashinfer_backend", "FlashInferAttnBackend", backends.flashinfer_declaration,
+              "deterministic fa2 paged prefill is exact only for chunks on its 128-row q-tile grid; "
+              "the heads and head_dim it is planned with give the grid in packed rows"),
+    *_declare(_ATTN + "trtllm_mha_backend", "TRTLLMHAAttnBackend", None,
+              "FlashInferAttnBackend subclass whose prefill runs TRT-LLM kernels"),
+    *_declare(_ATTN + "llada2_cfg_flashinfer_backend", "LLaDA2CFGFlashInferAttnBackend", None,
+              "FlashInferAttnBackend subclass whose diffusion prefill is not chunked fa2",
+              f">={releases.LLADA2_CFG_BACKEND}"),
+    *_declare(_ATTN + "triton_backend", "TritonAttnBackend", backends.triton_declaration,
+              "keeps what these releases aligned deterministic triton to", f"<{_STOCK_CHECK}"),
     *_forward(_ATTN + "hybrid_attn_backend", "HybridAttnBackend", ("prefill_backend",),
               "EXTEND runs on the prefill backend"),
     *_forward(_ATTN + "hybrid_linear_attn_backend", "HybridLinearAttnBackend", ("full_attn_backend",),

@@ -5,8 +5,9 @@ lengths (tokens x GQA group). A request's chunked prefill is bit-exact
 against its solo unchunked prefill when every chunk runs on the tile its solo
 prefill gets and, on flashinfer releases where starts matter (0.7.2: 128 packed
 rows), starts on the q-tile grid. Those kernel facts come from
-kernel_facts.py, per flashinfer release (Rules.facts: the installed one's by
-default). Counted in packed rows, a known group g relaxes each rule g-fold:
+kernel_facts.py, per flashinfer release (Rules.facts: the scheduler passes the
+ones in force, the default). Counted in packed rows, a known group g relaxes
+each rule g-fold:
 
 - the grid: 128 packed rows are 128/gcd(128, g) tokens, joined with SGLang's
   KV page; where starts do not matter (0.7.4) it is the page alone;
@@ -36,7 +37,7 @@ them alike.
 import math
 from typing import NamedTuple
 
-from .kernel_facts import installed_facts
+from .kernel_facts import facts_in_force
 
 # How chunk_end treats a final piece too short for the full tile that no earlier cut can merge.
 KEEP, WAIT, RIDE = "keep", "wait", "ride"
@@ -59,7 +60,7 @@ class Rules:
         self.group = group  # packed rows per token: q heads per KV head as fa2 is planned (1: unknown)
         self.head_dim = head_dim  # None: unknown, tiles compared at every head_dim, no short-KV exemption
         self.page_size = page_size  # SGLang's KV page: a reused prefix ends on a page
-        self.facts = facts = installed_facts() if facts is None else facts  # kernel_facts.KernelFacts
+        self.facts = facts = facts_in_force() if facts is None else facts  # kernel_facts.KernelFacts
         rows = facts.grid_rows
         # Tokens; every extend starts on a multiple of it.
         self.grid = math.lcm(q_tile_grid(rows, group), page_size) if rows else page_size

@@ -14,11 +14,10 @@ import sys
 
 from . import decode_wait, prefill_hooks, releases
 from .alignment import chunk_size_error
-from .backends import fa2_backends, planned_prefill, runs_fa2_grid
+from .backends import NOTHING, facts_needed, planned_prefill
 from .compat import (
     DECODE_WAIT_ENV, RULES_ENV, check_switches, env_flag, installed_version, radix_cache, sglang_at_least,
 )
-from .kernel_facts import installed_facts
 from .planning import Rules
 
 logger = logging.getLogger("sglang_chunk_align")
@@ -74,23 +73,32 @@ class Startup:
     A plain class, as prefill_hooks.Step: a dataclass's generated methods cost import time.
     """
 
-    __slots__ = ("backend", "q_tile", "armed", "rules", "rules_available", "radix", "radix_refusal", "decode_wait",
+    __slots__ = ("backend", "declared", "facts", "rules", "rules_available", "radix", "radix_refusal", "decode_wait",
                  "decode_wait_note")
 
-    def __init__(self, backend, q_tile, armed, rules, rules_available, radix=None, radix_refusal=None,
-                 decode_wait=None, decode_wait_note=None):
+    def __init__(self, backend, declared, facts, rules_available):
         self.backend = backend  # the live attention backend, or None on a bare Scheduler
-        self.q_tile = q_tile  # what it declares as prefill_chunk_align
-        # It declares that alignment for fa2's q-tile grid (deterministic flashinfer,
-        # backends.runs_fa2_grid): only then does the plugin refuse, change or check anything;
-        # elsewhere SGLang runs as stock, deterministic triton's kept alignment included.
-        self.armed = armed
-        self.rules = rules  # the grid rules to activate, or None
+        self.declared = declared  # its prefill_declaration (backends.Declaration)
+        self.facts = facts  # the kernel facts its fa2 grid is counted with (backends.facts_needed), or None
         self.rules_available = rules_available  # whether this release has the points the rules need
-        self.radix = radix  # where armed: the radix cache, on or off and why (_radix_cache); else None
-        self.radix_refusal = radix_refusal  # why it must not start so (SGLANG_CHUNK_ALIGN_RADIX_CACHE=1), or None
-        self.decode_wait = decode_wait  # the decode_wait.DecodeWait to activate, or None
-        self.decode_wait_note = decode_wait_note  # what the startup line says of it (None: unarmed)
+        # Decided only where armed (_decide), None elsewhere:
+        self.rules = None  # the grid rules to activate, or None
+        self.radix = None  # the radix cache, on or off and why (_radix_cache)
+        self.radix_refusal = None  # why it must not start so (SGLANG_CHUNK_ALIGN_RADIX_CACHE=1), or None
+        self.decode_wait = None  # the decode_wait.DecodeWait to activate, or None
+        self.decode_wait_note = None  # what the startup line says of it
+
+    @property
+    def q_tile(self):
+        """What the backend declares as prefill_chunk_align."""
+        return self.declared.align(self.facts)
+
+    @property
+    def armed(self):
+        """Whether it declares that alignment for fa2's q-tile grid (deterministic flashinfer, or a
+        wrapper forwarding to it): only then does the plugin refuse, change or check anything;
+        elsewhere SGLang runs as stock, deterministic triton's kept alignment included."""
+        return bool(self.declared.fa2)
 
 
 def _arm(scheduler, rules_available):
@@ -109,14 +117,16 @@ def _arm(scheduler, rules_available):
 
 def _decide(scheduler, rules_available):
     backend = live_backend(scheduler)
-    q_tile = backend.prefill_chunk_align if backend is not None else None
-    armed = backend is not None and runs_fa2_grid(backend)
-    rules = None
-    if armed and scheduler.truncation_align_size is not None and rules_available and env_flag(RULES_ENV, True):
-        rules = _rules_for(scheduler, backend)
-    radix, radix_refusal = _radix_cache(scheduler) if armed else (None, None)
-    wait, wait_note = _decode_wait(scheduler) if armed else (None, None)
-    return Startup(backend, q_tile, armed, rules, rules_available, radix, radix_refusal, wait, wait_note)
+    declared = backend.prefill_declaration if backend is not None else NOTHING
+    facts = facts_needed(declared)  # read here, where SGLang calls in, and passed on
+    startup = Startup(backend, declared, facts, rules_available)
+    if not startup.armed:
+        return startup
+    if scheduler.truncation_align_size is not None and rules_available and env_flag(RULES_ENV, True):
+        startup.rules = _rules_for(scheduler, declared.geometry, facts)
+    startup.radix, startup.radix_refusal = _radix_cache(scheduler)
+    startup.decode_wait, startup.decode_wait_note = _decode_wait(scheduler)
+    return startup
 
 
 def _decode_wait(scheduler):
@@ -141,7 +151,7 @@ def _log(startup, align):
     logger.info(
         "sglang-chunk-align: prefill chunks aligned to %s (%s.prefill_chunk_align = %s); grid rules %s%s%s",
         f"{align} tokens" if align else "nothing", type(startup.backend).__name__, startup.q_tile,
-        _describe_rules(startup.rules, startup.backend) if startup.rules else "off" if startup.rules_available
+        _describe_rules(startup.rules, startup.declared) if startup.rules else "off" if startup.rules_available
         else "not available on this SGLang release",
         f"; radix cache {startup.radix}" if startup.radix else "",
         f"; {startup.decode_wait_note}" if startup.decode_wait_note else "",
@@ -167,35 +177,34 @@ def _check_chunk_size(scheduler, startup):
     rules = startup.rules
     problem = chunk_size_error(
         chunk, align, startup.q_tile, _attn_dp_size(scheduler), min_piece=rules.min_tail if rules is not None else None
-    ) or _workspace_refusal(scheduler, startup.backend)
+    ) or _workspace_refusal(scheduler, startup)
     if problem:
         raise ValueError(problem)
 
 
-def _workspace_refusal(scheduler, backend):
-    """Whether the longest admitted prompt's worst chunk step fits the fa2 workspace (workspace.py)."""
+def _workspace_refusal(scheduler, startup):
+    """Whether the longest admitted prompt's worst chunk step fits the workspace of each fa2
+    backend the declaration is for (workspace.py)."""
     max_prompt = getattr(scheduler, "max_req_input_len", None)
     if not max_prompt:
         return None
-    for planned in filter(None, map(planned_prefill, fa2_backends(backend))):
-        problem = planned.refusal(scheduler.chunked_prefill_size, max_prompt, installed_facts().cta_tile)
+    for planned in filter(None, map(planned_prefill, startup.declared.fa2)):
+        problem = planned.refusal(scheduler.chunked_prefill_size, max_prompt, startup.facts.cta_tile)
         if problem:
             return problem
     return None
 
 
-def _rules_for(scheduler, backend):
-    """The grid rules for the live backend's q-tile geometry; conservative where it does not say."""
+def _rules_for(scheduler, geometry, facts):
+    """The grid rules for the live backend's q-tile geometry and `facts`; conservative where it does not say."""
     page_size = getattr(scheduler, "page_size", None) or 1
-    geometry = getattr(backend, "prefill_q_tile_geometry", None)
     if geometry is None:
-        return Rules(page_size=page_size)
-    return Rules(group=geometry.group, head_dim=geometry.head_dim, page_size=page_size)
+        return Rules(page_size=page_size, facts=facts)
+    return Rules(group=geometry.group, head_dim=geometry.head_dim, page_size=page_size, facts=facts)
 
 
-def _describe_rules(rules, backend):
-    geometry = getattr(backend, "prefill_q_tile_geometry", None)
-    source = geometry.source if geometry else "geometry unknown: the conservative rules for every model"
+def _describe_rules(rules, declared):
+    source = declared.source if declared.geometry else "geometry unknown: the conservative rules for every model"
     return f"on: {rules.describe()}, from {source}"
 
 

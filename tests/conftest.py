@@ -61,6 +61,22 @@ def plugin():
     sglang_chunk_align.remove()
 
 
+@pytest.fixture
+def triton_before_the_stock_check(monkeypatch):
+    """patch_table's TritonAttnBackend rows for releases before 0.5.22, where stock aligned
+    deterministic triton (SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE), put on this release's
+    class: what they declare does not depend on the release. Yields the class."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from sglang_chunk_align import patch_table
+
+    rows = [p for p in patch_table.PATCH_POINTS if p.target.startswith("TritonAttnBackend.")]
+    assert {p.target for p in rows} == {"TritonAttnBackend.prefill_declaration", "TritonAttnBackend.prefill_chunk_align"}
+    for row in rows:
+        monkeypatch.setattr(TritonAttnBackend, row.class_and_attribute[1], row.value, raising=False)
+    yield TritonAttnBackend
+
+
 def _run_python(code, **env):
     return subprocess.run(
         [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=600

@@ -90,22 +90,17 @@ def test_hybrid_forwards_its_prefill_backend(deterministic):
     assert _hybrid(triton, flashinfer_backend()).prefill_chunk_align is None
 
 
-def test_only_a_declaration_for_the_fa2_grid_arms_the_plugin(deterministic, monkeypatch):
-    """backends.runs_fa2_grid, which the scheduler's Startup.armed asks: a deterministic flashinfer
-    backend, or a wrapper forwarding its prefill to one; not the stock alignment deterministic
-    triton declares before 0.5.22 (put on here), nor a wrapper forwarding to it."""
-    from sglang_chunk_align import backends
-
-    TritonAttnBackend = _class("triton_backend", "TritonAttnBackend")
-    monkeypatch.setattr(
-        TritonAttnBackend, "prefill_chunk_align", property(backends.triton_prefill_chunk_align), raising=False
-    )
-    triton = backend(TritonAttnBackend, enable_deterministic=True)
-    assert triton.prefill_chunk_align == 4096 and not backends.runs_fa2_grid(triton)
-    assert backends.runs_fa2_grid(flashinfer_backend()) and backends.runs_fa2_grid(_hybrid(flashinfer_backend(), triton))
+def test_only_a_declaration_for_the_fa2_grid_arms_the_plugin(deterministic, triton_before_the_stock_check):
+    """The declaration's fa2 backends, which the scheduler's Startup.armed asks: a deterministic
+    flashinfer backend, or a wrapper forwarding its prefill to one; not the stock alignment
+    deterministic triton declares before 0.5.22 (put on here), nor a wrapper forwarding to it."""
+    triton = backend(triton_before_the_stock_check, enable_deterministic=True)
+    fa2 = flashinfer_backend()
+    assert triton.prefill_chunk_align == 4096 and triton.prefill_declaration.fa2 == ()
+    assert fa2.prefill_declaration.fa2 == (fa2,) and _hybrid(fa2, triton).prefill_declaration.fa2 == (fa2,)
     assert _hybrid(triton, flashinfer_backend()).prefill_chunk_align == 4096
-    assert not backends.runs_fa2_grid(_hybrid(triton, flashinfer_backend()))
-    assert not backends.runs_fa2_grid(flashinfer_backend(skip_prefill=True))
+    assert _hybrid(triton, flashinfer_backend()).prefill_declaration.fa2 == ()
+    assert flashinfer_backend(skip_prefill=True).prefill_declaration.fa2 == ()
 
 
 @pytest.mark.parametrize("name", ["HybridLinearAttnBackend", "ShortConvHybridAttnBackend"])
@@ -167,13 +162,17 @@ def test_deterministic_triton_keeps_its_stock_alignment_where_stock_had_one(dete
 def test_deterministic_flashinfer_declares_the_geometry_it_plans_prefill_with(deterministic):
     from sglang_chunk_align.backends import QTileGeometry
 
-    assert flashinfer_backend(planned=(32, 8, 128)).prefill_q_tile_geometry == QTileGeometry(4, 128, "")
-    assert flashinfer_backend(planned=(8, 8, 256)).prefill_q_tile_geometry == QTileGeometry(1, 256, "")
-    assert flashinfer_backend().prefill_q_tile_geometry is None  # no planned heads: unknown
-    assert flashinfer_backend(planned=(12, 8, 128)).prefill_q_tile_geometry is None  # not a whole group
-    assert flashinfer_backend(planned=(32, 8, 128), skip_prefill=True).prefill_q_tile_geometry is None
+    assert _geometry(flashinfer_backend(planned=(32, 8, 128))) == QTileGeometry(4, 128)
+    assert _geometry(flashinfer_backend(planned=(8, 8, 256))) == QTileGeometry(1, 256)
+    assert _geometry(flashinfer_backend()) is None  # no planned heads: unknown
+    assert _geometry(flashinfer_backend(planned=(12, 8, 128))) is None  # not a whole group
+    assert _geometry(flashinfer_backend(planned=(32, 8, 128), skip_prefill=True)) is None
     with published(deterministic=False):
-        assert flashinfer_backend(planned=(32, 8, 128)).prefill_q_tile_geometry is None
+        assert _geometry(flashinfer_backend(planned=(32, 8, 128))) is None
+
+
+def _geometry(backend):
+    return backend.prefill_declaration.geometry
 
 
 def test_wrappers_forward_the_geometry_of_their_aligned_children(deterministic):
@@ -182,10 +181,10 @@ def test_wrappers_forward_the_geometry_of_their_aligned_children(deterministic):
     TboAttnBackend = _class("tbo_backend", "TboAttnBackend")
     cls = _class("minimax_sparse_backend", "MiniMaxHybridAttnBackend")
     sparse_cls = _class("minimax_sparse_backend", "MiniMaxSparseAttnBackend")
-    group_4 = QTileGeometry(4, 128, "")
-    assert TboAttnBackend(flashinfer_backend(planned=(32, 8, 128)), []).prefill_q_tile_geometry == group_4
-    assert cls(flashinfer_backend(planned=(32, 8, 128)), sparse_cls.__new__(sparse_cls), [1]).prefill_q_tile_geometry == group_4
+    group_4 = QTileGeometry(4, 128)
+    assert _geometry(TboAttnBackend(flashinfer_backend(planned=(32, 8, 128)), [])) == group_4
+    assert _geometry(cls(flashinfer_backend(planned=(32, 8, 128)), sparse_cls.__new__(sparse_cls), [1])) == group_4
     dense_and_dense = cls(flashinfer_backend(planned=(32, 8, 128)), flashinfer_backend(planned=(32, 4, 128)), [1])
-    assert dense_and_dense.prefill_q_tile_geometry is None  # children disagree: conservative
+    assert _geometry(dense_and_dense) is None  # children disagree: conservative
     trtllm = flashinfer_backend(_class("trtllm_mha_backend", "TRTLLMHAAttnBackend"), planned=(32, 8, 128))
-    assert trtllm.prefill_q_tile_geometry is None  # declares no alignment: its prefill is not fa2
+    assert _geometry(trtllm) is None  # declares no alignment: its prefill is not fa2

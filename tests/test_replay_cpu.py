@@ -249,7 +249,7 @@ def test_flashinfer_074_facts_schedule_chunk_192_off_the_grid_and_every_request_
     """Planned with flashinfer 0.7.4's facts (starts anywhere exact), SGLang's PrefillAdder runs
     chunk 192, which 0.7.2's facts refuse: radix hits and cuts leave the 128 grid, and the
     predictor finds no hazard with 0.7.4's facts while 0.7.2's flag the off-grid starts."""
-    from sglang_chunk_align.kernel_facts import FI072, FI074, facts_for, installed_flashinfer
+    from sglang_chunk_align.kernel_facts import FI072, FI074, facts_in_force
 
     shape = workload.SHAPES[0]
     doc = scheduling.schedule_workload(
@@ -257,7 +257,7 @@ def test_flashinfer_074_facts_schedule_chunk_192_off_the_grid_and_every_request_
         flashinfer="0.7.4",
     )
     assert doc["meta"]["flashinfer_facts"] == "0.7.4"
-    assert installed_facts() == facts_for(installed_flashinfer())[0]  # the installed release's facts are back
+    assert facts_in_force() is installed_facts()  # the installed release's facts are back
     [schedule] = doc["schedules"]
     assert (schedule["chunk"], schedule["truncation_align_size"]) == (192, 1)
     requests = scheduling.load_requests(doc)

@@ -1,5 +1,6 @@
 """The Scheduler's own alignment steps, stock and patched, on real server configs."""
 
+import contextlib
 import inspect
 import re
 
@@ -85,27 +86,26 @@ def test_no_alignment_when_the_backend_skips_prefill(plugin):
 
 
 @pytest.mark.parametrize("chunk", [256, 5000, 8192])
-def test_deterministic_triton_keeps_stock_alignment_unarmed_before_the_stock_check(monkeypatch, chunk):
+def test_deterministic_triton_keeps_stock_alignment_unarmed_before_the_stock_check(
+    monkeypatch, triton_before_the_stock_check, chunk
+):
     """Before 0.5.22 stock aligns deterministic triton to 4096 and checks nothing at startup; the
     plugin keeps that alignment (TritonAttnBackend declares it there) and stays unarmed: no chunk
     refused, no grid rules, mixed chunking left on. That release's wrapper and declaration are put
     on this release's Scheduler: what they decide does not depend on the release."""
     import wrapt
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.managers.scheduler import Scheduler
 
-    from sglang_chunk_align import backends, scheduler_hooks
+    from sglang_chunk_align import scheduler_hooks
 
-    monkeypatch.setattr(
-        TritonAttnBackend, "prefill_chunk_align", property(backends.triton_prefill_chunk_align), raising=False
-    )
     init = wrapt.FunctionWrapper(
         vars(Scheduler)["init_deterministic_inference_config"],
         scheduler_hooks.init_alignment_and_check(rules_available=True),
     )
     monkeypatch.setattr(Scheduler, "init_deterministic_inference_config", init)
     with published(True, chunk, attention_backend="triton") as server_args:
-        triton = scheduler(server_args, backend(TritonAttnBackend, enable_deterministic=True), is_mixed_chunk=True)
+        triton_backend = backend(triton_before_the_stock_check, enable_deterministic=True)
+        triton = scheduler(server_args, triton_backend, is_mixed_chunk=True)
         triton.init_deterministic_inference_config()
     assert triton.truncation_align_size == 4096
     assert prefill_hooks.rules_in_force() is None and triton.is_mixed_chunk
@@ -171,16 +171,13 @@ def test_rules_take_the_grid_from_the_planned_heads_and_log_it(plugin, caplog):
 
 
 @pytest.fixture
-def flashinfer_release(monkeypatch):
-    """Make the plugin take the kernel facts of the flashinfer release named, as if installed."""
+def flashinfer_release():
+    """Make the plugin take the kernel facts of the flashinfer release named, as the harness
+    chooses them (kernel_facts.chosen): its WARNING, where unmeasured, is logged when named."""
     from sglang_chunk_align import kernel_facts
 
-    def use(version):
-        monkeypatch.setattr(kernel_facts, "installed_flashinfer", lambda: version)
-        kernel_facts.installed_facts.cache_clear()
-
-    yield use
-    kernel_facts.installed_facts.cache_clear()  # monkeypatch restores the real release after this
+    with contextlib.ExitStack() as chosen:
+        yield lambda version: chosen.enter_context(kernel_facts.chosen(kernel_facts.release_facts(version)))
 
 
 @needs_grid_rules

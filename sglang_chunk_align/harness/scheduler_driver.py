@@ -69,24 +69,6 @@ def sglang_config(cfg, radix, page_size=1):
                 os.environ[name] = value
 
 
-@contextmanager
-def kernel_facts_of(version):
-    """The plugin in this process takes flashinfer `version`'s kernel facts (None: the installed
-    one's), as `sglang-chunk-align plan --flashinfer` does, so a schedule shows the rules of a
-    release that is not installed (scheduling runs no kernel). Yields the facts."""
-    from .. import kernel_facts
-
-    installed = kernel_facts.installed_flashinfer
-    if version:
-        kernel_facts.installed_flashinfer = lambda: version
-    kernel_facts.installed_facts.cache_clear()
-    try:
-        yield kernel_facts.installed_facts()
-    finally:
-        kernel_facts.installed_flashinfer = installed
-        kernel_facts.installed_facts.cache_clear()
-
-
 def truncation_align_size(server_args, shape=None, page_size=1):
     """Run the Scheduler's own alignment steps (patched by the plugin when applied) on stand-ins,
     with a backend that plans prefill for `shape` (None: a backend that does not say)."""

@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import importlib
 import importlib.util
-import inspect
 import json
 import os
 import pkgutil
@@ -22,7 +21,7 @@ from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
 
-from .. import patch_table, patches, releases
+from .. import backends, patch_table, patches, releases
 from . import probe, verify
 from ..harness import standins
 from .arguments import at_least
@@ -49,7 +48,7 @@ RULES_OFF = f"off ({RULES_ENV}=0)"
 # plan lists every chunk: 10M tokens is 78,125 chunks of 128 (about 2 s of CPU), as long as the longest
 # contexts models offer. Without a bound a typo such as 10**12 hangs it, growing memory.
 MAX_PLAN_PROMPT_LEN = 10_000_000
-# Where each scheduler takes its grid from (backends.flashinfer_q_tile_geometry); its log line names the grid.
+# Where each scheduler takes its grid from (backends.flashinfer_declaration); its log line names the grid.
 GRID_SOURCE = (
     "{grid}, the group and head_dim read at scheduler start from "
     "FlashInferAttnBackend.indices_updater_prefill (the heads fa2 prefill is planned with); "
@@ -400,8 +399,9 @@ def _subclasses(cls):
 
 
 def _forwarded_children(cls):
-    getter = getattr(inspect.getattr_static(cls, "prefill_chunk_align"), "fget", None)
-    return getattr(getter, "children", ())
+    """The children a wrapper class's declaration forwards (backends.Forward), else none."""
+    declaration = getattr(cls, "prefill_declaration", None)
+    return declaration.children if isinstance(declaration, backends.Forward) else ()
 
 
 if __name__ == "__main__":
