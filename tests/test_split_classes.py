@@ -8,17 +8,18 @@ Rules.solo_tile there, unless split_by_tile said it cannot (off_tile).
 
 from functools import partial
 
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sglang_chunk_align.kernel_facts import FI072, FI074
 from sglang_chunk_align.planning import Rules, split_by_tile
 
 Rules = partial(Rules, facts=FI072)  # noqa: F811  the rules of flashinfer 0.7.2, whatever is installed
-SOME_RULES = st.sampled_from([
+ALL_RULES = [
     Rules(), Rules(group=4), Rules(group=8, head_dim=128), Rules(group=1, head_dim=128),
     Rules(group=2, head_dim=256), Rules(group=4, head_dim=512), Rules(group=4, head_dim=128, facts=FI074),
-])
+]
+SOME_RULES = st.sampled_from(ALL_RULES)
 LONG_CHUNK = (1024, 1024, 3000)  # (extend_len, kv_len, prompt_len): the first chunk of a long prompt
 
 
@@ -111,16 +112,29 @@ def test_a_member_is_off_tile_only_where_its_own_class_averages_too_little(rules
         assert smaller(rules.batch_tile(own_class), tile)
 
 
-@given(rules=SOME_RULES, members=BATCHES, data=st.data())
-def test_the_check_catches_two_classes_merged_into_one_call(rules, members, data):
-    """Sensitivity: merging two calls whose members are all on their (different) solo tiles leaves
-    one class off its tile, and the same check says so."""
+def classes_in_tokens(rules):
+    """{solo tile: the prompt lengths up to 300 tokens that get it}, for prompts whose KV counts."""
+    classes = {}
+    for n in range(rules.exempt_kv + 1, 300):  # every threshold is at most 64 packed rows
+        classes.setdefault(rules.solo_tile(n), []).append(n)
+    return classes
+
+
+# At head_dim 128 and group 4 or 8 every prompt below the largest tile has KV short enough to be exempt.
+SPLITTABLE = [rules for rules in ALL_RULES if len(classes_in_tokens(rules)) >= 2]
+
+
+@given(rules=st.sampled_from(SPLITTABLE), prompts=st.lists(st.integers(1, 3000), max_size=10), data=st.data())
+def test_the_check_catches_two_classes_merged_into_one_call(rules, prompts, data):
+    """Sensitivity: whole prompts, each class's call on its tile, and two of those calls merged into
+    one: one class is off its tile, and the same check says so."""
+    classes = classes_in_tokens(rules)
+    first, second = data.draw(st.lists(st.sampled_from(sorted(classes, key=str)), min_size=2, max_size=2, unique=True))
+    anchors = [data.draw(st.sampled_from(classes[first])), data.draw(st.sampled_from(classes[second]))]
+    members = [(n, n, n) for n in [*anchors, *prompts]]
     split = split_by_tile(members, rules)
-    on_tile = [
-        group for group in split.groups
-        if not set(group) & set(split.off_tile) and any(members[i][1] > rules.exempt_kv for i in group)
-    ]
-    assume(len(on_tile) >= 2)
-    first, second = data.draw(st.lists(st.sampled_from(on_tile), min_size=2, max_size=2, unique=True))
-    wrong = [group for group in split.groups if group not in (first, second)] + [first + second]
+    assert split.off_tile == () and missed(members, split.groups, rules) == []
+    merged = [g for g in split.groups if 0 in g or 1 in g]
+    assert len(merged) == 2
+    wrong = [g for g in split.groups if g not in merged] + [merged[0] + merged[1]]
     assert missed(members, wrong, rules) != []
