@@ -151,15 +151,13 @@ def tile_conflicts(members, rules):
     ]
 
 
-class TileSplit:
-    """split_by_tile's answer: `groups`, each a tuple of batch indices that one fa2 call runs
-    together, partitioning the batch; `off_tile`, the indices whose group's call still misses
-    their solo tile (what splitting cannot fix, so the rules must still keep them out)."""
+class TileSplit(NamedTuple):
+    """split_by_tile's answer."""
 
-    __slots__ = ("groups", "off_tile")
-
-    def __init__(self, groups, off_tile):
-        self.groups, self.off_tile = groups, off_tile
+    groups: tuple  # tuples of batch indices, one per fa2 call, partitioning the batch
+    # The indices whose group's call still misses their solo tile: what splitting cannot fix, so
+    # the rules must still keep them out.
+    off_tile: tuple
 
 
 def split_by_tile(members, rules):
