@@ -152,6 +152,55 @@ def tile_conflicts(members, rules):
     ]
 
 
+class TileSplit(NamedTuple):
+    """split_by_tile's answer."""
+
+    groups: tuple  # tuples of batch indices, one per fa2 call, partitioning the batch
+    # The indices whose group's call still misses their solo tile: what splitting cannot fix, so
+    # the rules must still keep them out.
+    off_tile: tuple
+
+
+def split_by_tile(members, rules):
+    """Members (extend_len, kv_len, prompt_len) split into fa2 calls, one per solo tile (issue 25).
+
+    Each call is planned over its own group only, so its tile comes from its
+    group's integer average packed extend length. Splitting by solo tile fixes
+    what the rules now defer (decisions.deferral): thin batches, where other
+    classes' extends move a member off its tile. It also fixes a short extend
+    of a long prompt (a short final piece) that shares its call with longer
+    extends of its class. It cannot fix a class whose own extends average too
+    little for its tile, such as a short final piece of a long prompt alone in
+    the 128-row class: that member is in off_tile, and stays the rules' to
+    prevent (chunk_end ends early or lets it ride; usable_prefix leaves a full
+    piece). A call never gets a larger tile than its class: each extend is at
+    most its prompt, and the tile grows with the average.
+
+    A member whose KV is at most rules.exempt_kv may run on any tile; it joins
+    the first group it moves no member off, or else a call of such members.
+    """
+    groups = {}
+    exempt = []
+    for i, (_, kv_len, prompt_len) in enumerate(members):
+        if kv_len > rules.exempt_kv:
+            groups.setdefault(rules.solo_tile(prompt_len), []).append(i)
+        else:
+            exempt.append(i)
+    groups = list(groups.values())
+
+    def off_tile(group):
+        conflicts = tile_conflicts([members[i] for i in group], rules)
+        return [i for i in group if members[i] in conflicts]
+
+    for i in exempt:
+        home = next((g for g in groups if len(off_tile([*g, i])) <= len(off_tile(g))), None)
+        if home is None:
+            home = []
+            groups.append(home)
+        home.append(i)
+    return TileSplit(tuple(tuple(sorted(g)) for g in groups), tuple(sorted(i for g in groups for i in off_tile(g))))
+
+
 class Chunk(NamedTuple):
     start: int
     end: int
