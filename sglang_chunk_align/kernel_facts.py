@@ -11,7 +11,8 @@ benchmarks/logs. A flashinfer release with no entry gets STRICTEST (the
 strictest facts measured) and one WARNING that names it and says how to
 measure it.
 
-Plain data and small functions, no imports beyond the standard library: the
+Plain data and small functions, importing only the standard library (the one
+reader of installed versions, compat.installed_release, on first use): the
 plugin loads in every SGLang process, and installed_facts() runs once per
 process, where a scheduler that runs fa2 or the CLI first asks. The scheduler
 reads the facts in force (facts_in_force) where SGLang calls in and passes

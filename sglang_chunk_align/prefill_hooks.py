@@ -60,8 +60,7 @@ class Step:
     batch alive at most until the next step. Fields that answer a stock call
     made inside a wrapped one are set only for that call.
 
-    A plain class with slots: the methods a dataclass generates cost every
-    process that loads plugins time at import (~1 ms for PatchPoint's, commit 304b862).
+    A plain class with slots (patches.py's import-cost rule).
     """
 
     __slots__ = ("adder", "rules", "ride_slack", "continuation_tail", "parked", "ignore_eos_cut")

@@ -70,7 +70,7 @@ def check_chunk_and_activate_rules(wrapped, instance, args, kwargs):
 class Startup:
     """What the scheduler's live backend asks of the plugin, decided before anything changes.
 
-    A plain class, as prefill_hooks.Step: a dataclass's generated methods cost import time.
+    A plain class with slots (patches.py's import-cost rule).
     """
 
     __slots__ = ("backend", "declared", "facts", "rules", "rules_available", "radix", "radix_refusal", "decode_wait",
