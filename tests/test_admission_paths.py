@@ -68,6 +68,18 @@ def continue_from(req, prefix_len):
         req.prefix_len = prefix_len
 
 
+def continuation_under_memory_clamp(new_adder, new_req, prompt_len, running):
+    """Request 0's continuation from 896 of `prompt_len`, on an adder whose KV memory clamps it,
+    with one request decoding beside it where `running` (it will free KV): the continuation does
+    not finish. Returns (request, adder, running batch)."""
+    req = new_req(0, prompt_len)
+    continue_from(req, 896)
+    running_batch = SimpleNamespace(batch_size=lambda: 1, reqs=[new_req(1, 8)]) if running else None
+    adder = new_adder(running_batch)
+    assert adder.add_chunked_req(req) is req  # not finished
+    return req, adder, running_batch
+
+
 def admit_new(adder, req):
     return adder.add_one_req(req, has_chunked_req=False, truncation_align_size=128)
 
@@ -97,11 +109,7 @@ def test_memory_bound_short_final_piece_waits_while_running_requests_will_free_k
     from sglang.srt.managers.schedule_policy import AddReqResult
 
     with adder_with(512, kv_tokens=150, rules=True) as (new_adder, new_req):
-        req = new_req(0, 1064)
-        continue_from(req, 896)
-        running_batch = SimpleNamespace(batch_size=lambda: 1, reqs=[new_req(1, 8)]) if running else None
-        adder = new_adder(running_batch)
-        assert adder.add_chunked_req(req) is req  # not finished
+        req, adder, running_batch = continuation_under_memory_clamp(new_adder, new_req, 1064, running)
         if parked:
             assert adder.can_run_list == [] and adder.rem_chunk_tokens == 512
             assert admit_new(adder, new_req(2, 16)) == AddReqResult.OTHER and adder.can_run_list == []
@@ -133,11 +141,7 @@ def test_riding_final_piece_under_a_memory_clamp_is_cut_on_the_grid(plugin, capl
     the continuation is cut at the grid's 1024, the short piece kept with a WARNING where nothing
     runs to free memory, or it waits where a request runs, as any memory-bound continuation."""
     with adder_with(128, kv_tokens=136, rules=True) as (new_adder, new_req):
-        req = new_req(0, 1040)
-        continue_from(req, 896)
-        running_batch = SimpleNamespace(batch_size=lambda: 1, reqs=[new_req(1, 8)]) if running else None
-        adder = new_adder(running_batch)
-        assert adder.add_chunked_req(req) is req  # not finished
+        req, adder, _ = continuation_under_memory_clamp(new_adder, new_req, 1040, running)
         if running:
             assert adder.can_run_list == []
         else:
