@@ -171,7 +171,9 @@ class Server:
             *(["--load-format", "dummy", "--skip-tokenizer-init"] if run.args.dummy else []),
             *extra, *[a for a in run.args.extra if a != "--"],
         ]
-        self.env = {**os.environ, "HF_HUB_OFFLINE": "1", **dict(env)}
+        # The setup's own switches alone: none of the plugin's leaks in from the shell that runs this.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_CHUNK_ALIGN_")}
+        self.env = {**inherited, "HF_HUB_OFFLINE": "1", **dict(env)}
         self.log_path = os.path.join(run.logs, f"{name}.log")
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(

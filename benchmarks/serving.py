@@ -7,13 +7,20 @@ offers on every GPU), and how far from non-deterministic serving? Every setup
 runs alone on the GPU, one after another in one run, on the same workloads:
 
 - rl: RL rollout groups, --groups prompts x --samples samples each (16 x 8),
-  prompts of 1,000-3,000 tokens, 128-512 new tokens per group, all sent at once;
+  prompts of 1,000-3,000 tokens, 128-512 new tokens per group, all sent at once,
+  sampled as RL samples: temperature 1.0 and a sampling_seed of its own per
+  sample, so a group's samples differ (the benchmark counts the groups whose
+  samples all came back alike, and fails the run on any);
 - agent: multi-turn agents, each turn appending the previous answer and a tool
   output (800-1,500 tokens) to the history, --turns turns (8), past 8k tokens;
 - interactive: 32 requests decoding 1,024 tokens while prompts of 8k-32k tokens
   keep arriving, one a second (the case small chunks are for);
 - streamed: the earlier cost workload (8 requests decoding while 6 prompts of
   6,144 tokens arrive every 0.4 s).
+
+The decode wait's two setups (--repeat-setups: the plugin at 256 with it and
+without it) run their workloads --repeats times on one server, the cache
+flushed between rounds; the JSON's "decode_wait" compares them (decode_wait_verdict).
 
 Each setup is then checked by `sglang-chunk-align verify` against its own
 backend's unchunked reference (stock, radix off, each prompt alone and cold),
@@ -49,8 +56,10 @@ from types import SimpleNamespace
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import real_server  # noqa: E402  (run as a script from the repository root)
 from benchmarks.real_server import STOCK, Server  # noqa: E402
+from sglang_chunk_align.tools import verify  # noqa: E402
 
-PLUGIN = {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_RADIX_CACHE": "1"}
+# The plugin as a user gets it: selected, every SGLANG_CHUNK_ALIGN_* switch at its default.
+PLUGIN = {"SGLANG_PLUGINS": "chunk_align"}
 
 
 class Setup:
@@ -98,6 +107,9 @@ def main(argv=None):
     parser.add_argument("--conversations", type=int, default=8, help="agent: conversations at once")
     parser.add_argument("--turns", type=int, default=8, help="agent: turns per conversation")
     parser.add_argument("--prompts", type=int, default=12, help="verify --prompts (requests per workload)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the workloads for --repeat-setups")
+    parser.add_argument("--repeat-setups", default="plugin-256,plugin-256-no-wait",
+                        help="setups whose workloads run --repeats times (the decode wait against its control)")
     parser.add_argument("--mem-fraction-static", type=float, default=0.9,
                         help="SGLang 0.5.23 counts other servers' memory against it: the pools are set by tokens")
     parser.add_argument("--max-total-tokens", type=int, default=250000,
@@ -125,9 +137,10 @@ def main(argv=None):
     finally:
         run.stop()
         run.ratios()
+        run.results["decode_wait"] = decode_wait_verdict(run.results["setups"])
         run.save()
     print(json.dumps(run.summary(), indent=1))
-    return 0 if all(s.get("verify_ok") is not False for s in run.results["setups"]) else 1
+    return 0 if all(s.get("verify_ok") is not False and not alike_groups(s) for s in run.results["setups"]) else 1
 
 
 class ServingRun(real_server.Run):
@@ -198,8 +211,17 @@ class ServingRun(real_server.Run):
             return entry
         entry["plugin_lines"] = server.plugin_lines()
         warm_up(server, self)
-        entry["workloads"] = {w: WORKLOADS[w](server, self, seed=0) for w in self.args.workloads.split(",")}
+        entry["workloads"] = self._round(server)
+        if name in self.args.repeat_setups.split(","):
+            entry["repeats"] = []
+            for _ in range(self.args.repeats - 1):
+                verify.Server(server.url, timeout=60).flush()  # the next round's prompts arrive cold again
+                entry["repeats"].append(self._round(server))
         return entry
+
+    def _round(self, server):
+        """Every workload once, each on the same requests (seed 0) as every other setup's."""
+        return {w: WORKLOADS[w](server, self, seed=0) for w in self.args.workloads.split(",")}
 
     def _check(self, name, server, entry):
         setup = SETUPS[name]
@@ -240,7 +262,8 @@ class ServingRun(real_server.Run):
     def summary(self):
         rows = []
         for s in self.results["setups"]:
-            row = {"setup": s["setup"], "verify_ok": s.get("verify_ok"), "error": s.get("error", "")[-300:]}
+            row = {"setup": s["setup"], "verify_ok": s.get("verify_ok"), "error": s.get("error", "")[-300:],
+                   "groups_with_alike_samples": alike_groups(s)}
             for w, m in s.get("workloads", {}).items():
                 row[w] = {k: m[k] for k in ("wall_s", "output_tok_s", "ttft_p50_s", "itl_p99_s", "itl_max_s")}
             row["long_prompts"] = {p["tokens"]: p["outcome"] for p in s.get("long_prompts", [])}
@@ -248,7 +271,39 @@ class ServingRun(real_server.Run):
         refs = [{"reference": r["reference"], "ok": r.get("ok"),
                  "long_prompts": {p["tokens"]: p["outcome"] for p in r.get("long_prompts", [])}}
                 for r in self.results["references"]]
-        return {"stack": self.results["stack"], "references": refs, "setups": rows}
+        return {"stack": self.results["stack"], "references": refs, "setups": rows,
+                "decode_wait": self.results.get("decode_wait")}
+
+
+# The decode wait stays the default only if it costs at most this much throughput against its control
+# on every workload, while it holds the longest inter-token gap to GAP_BOUND_S (issue 31's goals).
+DECODE_WAIT_MAX_COST, GAP_BOUND_S = 0.03, 0.3
+
+
+def decode_wait_verdict(setups):
+    """The decode wait (plugin-256) against its control (plugin-256-no-wait), over every round of
+    each: per workload the median throughput's cost and each side's range, and the longest gap.
+    None until both setups have workloads."""
+    rounds = {s["setup"]: [s["workloads"]] + s.get("repeats", []) for s in setups if s.get("workloads")}
+    wait, control = rounds.get("plugin-256"), rounds.get("plugin-256-no-wait")
+    if not (wait and control):
+        return None
+    workloads = {}
+    for w in wait[0]:
+        if w not in control[0]:
+            continue
+        on, off = ([r[w]["output_tok_s"] for r in side] for side in (wait, control))
+        workloads[w] = {
+            "rounds": [len(on), len(off)],
+            "output_tok_s_wait": sorted(on), "output_tok_s_control": sorted(off),
+            "cost": round(1 - statistics.median(on) / statistics.median(off), 4),
+            "itl_max_s_wait": max(r[w]["itl_max_s"] for r in wait),
+            "itl_max_s_control": max(r[w]["itl_max_s"] for r in control),
+        }
+    keep = all(m["cost"] <= DECODE_WAIT_MAX_COST and m["itl_max_s_wait"] <= GAP_BOUND_S for m in workloads.values())
+    return {"workloads": workloads, "keep_default": keep,
+            "rule": f"keep the wait on by default iff on every workload its median throughput costs at most "
+                    f"{DECODE_WAIT_MAX_COST:.0%} against the control's and its longest gap is at most {GAP_BOUND_S} s"}
 
 
 RATIO_KEYS = ("wall_s", "output_tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p99_s", "itl_max_s")
@@ -264,15 +319,15 @@ def random_ids(rng, vocab, count):
 
 
 def run_requests(server, plan):
-    """plan: (start offset s, input_ids, max_new_tokens) per request, all streamed at once.
-    Returns the wall time and each request's stream result."""
+    """plan: (start offset s, input_ids, max_new_tokens[, sampling params]) per request, all streamed
+    at once. Returns the wall time and each request's stream result."""
     results = [None] * len(plan)
     start = time.monotonic()
 
     def send(i):
-        at, ids, tokens = plan[i]
+        at, ids, tokens, *sampling = plan[i]
         time.sleep(max(0.0, start + at - time.monotonic()))
-        results[i] = stream(server.url, ids, tokens)
+        results[i] = stream(server.url, ids, tokens, **(sampling[0] if sampling else {}))
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(len(plan))]
     for thread in threads:
@@ -301,15 +356,28 @@ def metrics(wall, results, gap_requests=None):
 
 
 def rl(server, run, seed):
-    """--groups prompts x --samples samples, all at once, as a rollout step sends them."""
+    """--groups prompts x --samples samples, all at once, as a rollout step sends them: sampled at
+    temperature 1.0, each sample with its own sampling_seed (deterministic SGLang seeds every request
+    alike without one, and a group's samples would all be the same rollout)."""
     rng, vocab = random.Random(f"rl:{seed}"), run.config["vocab_size"]
     plan = []
     for _ in range(run.args.groups):
         prompt, tokens = random_ids(rng, vocab, rng.randint(1000, 3000)), rng.randint(128, 512)
-        plan += [(0.0, prompt, tokens)] * run.args.samples
-    return {**metrics(*run_requests(server, plan)),
+        plan += [(0.0, prompt, tokens, {"temperature": 1.0, "sampling_seed": len(plan) + sample})
+                 for sample in range(run.args.samples)]
+    wall, results = run_requests(server, plan)
+    groups = [results[g:g + run.args.samples] for g in range(0, len(results), run.args.samples)]
+    return {**metrics(wall, results),
+            "distinct_samples_per_group": [len({tuple(r["output_ids"]) for r in group}) for group in groups],
             "workload": f"{run.args.groups} prompts of 1000-3000 tokens x {run.args.samples} samples, "
-                        "128-512 new tokens per prompt, all sent at once"}
+                        "128-512 new tokens per prompt, all sent at once; temperature 1.0, a sampling_seed per sample"}
+
+
+def alike_groups(entry):
+    """How many rollout groups of a setup (every round) came back with all their samples alike: a
+    rollout that does not sample as RL samples, so its figures do not stand for RL."""
+    rounds = [entry.get("workloads", {})] + entry.get("repeats", [])
+    return sum(1 for r in rounds for n in r.get("rl", {}).get("distinct_samples_per_group", ()) if n == 1)
 
 
 def agent(server, run, seed):
@@ -408,11 +476,11 @@ class RequestFailed(Exception):
     """The server answered the request with an error."""
 
 
-def stream(url, input_ids, max_new_tokens, timeout=900):
-    """One streamed /generate (greedy, ignore_eos): time to first token, gaps between later tokens,
-    the output ids, and the prompt's cached tokens."""
-    body = {"input_ids": input_ids, "stream": True,
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
+def stream(url, input_ids, max_new_tokens, timeout=900, **sampling):
+    """One streamed /generate (greedy unless `sampling` says otherwise; ignore_eos): time to first
+    token, gaps between later tokens, the output ids, and the prompt's cached tokens."""
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True, **sampling}
+    body = {"input_ids": input_ids, "stream": True, "sampling_params": params}
     host, port = url.split("//")[1].split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
     sent = time.monotonic()

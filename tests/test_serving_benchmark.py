@@ -13,13 +13,23 @@ from benchmarks import real_server, serving, serving_plot
 
 class Streaming(BaseHTTPRequestHandler):
     """SGLang's streamed /generate with --skip-tokenizer-init, as far as the benchmark reads it:
-    cumulative output_ids and meta_info per token; prompts longer than `limit` get a 400."""
+    cumulative output_ids and meta_info per token; prompts longer than `limit` get a 400. As
+    deterministic SGLang samples: greedy at temperature 0, else by sampling_seed (42 where the
+    request names none), so requests alike but for their seed differ. Every request's path and
+    sampling params are kept in `seen`, /flush_cache's too."""
 
     limit = 10**9
+    seen = []
 
     def do_POST(self):
+        if self.path.startswith("/flush_cache"):
+            self.seen.append(("/flush_cache", None))
+            self.send_response(200)
+            self.end_headers()
+            return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt, tokens = body["input_ids"], body["sampling_params"]["max_new_tokens"]
+        prompt, params = body["input_ids"], body["sampling_params"]
+        self.seen.append(("/generate", params))
         if len(prompt) > self.limit:
             self.send_response(400)
             self.end_headers()
@@ -27,9 +37,11 @@ class Streaming(BaseHTTPRequestHandler):
             return
         self.send_response(200)
         self.end_headers()
-        for n in range(1, tokens + 1):
+        seed = params.get("sampling_seed", 42) if params.get("temperature") else 0
+        for n in range(1, params["max_new_tokens"] + 1):
             meta = {"completion_tokens": n, "prompt_tokens": len(prompt), "cached_tokens": len(prompt) // 2}
-            self.wfile.write(b"data: " + json.dumps({"output_ids": list(range(n)), "meta_info": meta}).encode() + b"\n\n")
+            output = [seed + i for i in range(n)]
+            self.wfile.write(b"data: " + json.dumps({"output_ids": output, "meta_info": meta}).encode() + b"\n\n")
         self.wfile.write(b"data: [DONE]\n\n")
 
     def do_GET(self):
@@ -42,11 +54,12 @@ class Streaming(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def stand_in():
+    Streaming.seen = []
     http = ThreadingHTTPServer(("127.0.0.1", 0), Streaming)
     threading.Thread(target=http.serve_forever, daemon=True).start()
     server = SimpleNamespace(url=f"http://127.0.0.1:{http.server_port}", process=SimpleNamespace(poll=lambda: None),
                              log=lambda: "")
-    server.wait_ready = lambda timeout: real_server.Server.wait_ready(server, timeout)  # its /health, for real
+    server.wait_ready = lambda timeout=5: real_server.Server.wait_ready(server, timeout)  # its /health, for real
     yield server
     http.shutdown()
 
@@ -63,6 +76,24 @@ def test_rl_sends_every_sample_and_counts_what_came_back(stand_in):
     assert result["output_tok_s"] == pytest.approx(result["output_tokens"] / result["wall_s"], rel=0.01)
     assert result["prompt_tokens"] // 2 - 6 <= result["cached_tokens"] <= result["prompt_tokens"] // 2
     assert result["itl_p50_s"] <= result["itl_p99_s"] <= result["itl_max_s"]
+
+
+def test_rollouts_sample_as_rl_each_sample_with_its_own_seed(stand_in):
+    result = serving.rl(stand_in, small_run(), seed=0)
+    params = [p for _, p in Streaming.seen]
+    assert all(p["temperature"] == 1.0 for p in params)
+    assert sorted(p["sampling_seed"] for p in params) == list(range(6))
+    assert result["distinct_samples_per_group"] == [2, 2, 2]
+    assert serving.alike_groups({"workloads": {"rl": result}}) == 0
+
+
+def test_groups_whose_samples_come_back_alike_are_counted_in_every_round(stand_in, monkeypatch):
+    """A server (or a benchmark) that ignores the seeds: each such group counts, repeats included."""
+    real_stream = serving.stream
+    monkeypatch.setattr(serving, "stream", lambda url, ids, tokens, **sampling: real_stream(url, ids, tokens))
+    result = serving.rl(stand_in, small_run(), seed=0)
+    assert result["distinct_samples_per_group"] == [1, 1, 1]
+    assert serving.alike_groups({"workloads": {"rl": result}, "repeats": [{"rl": result}]}) == 6
 
 
 def test_agent_turns_append_the_answer_and_a_tool_output(stand_in):
@@ -163,3 +194,51 @@ def test_the_plot_draws_every_setup_the_run_reached(tmp_path):
     out = tmp_path / "serving.png"
     serving_plot.plot(setups, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def serving_run(tmp_path, **args):
+    """A ServingRun over Granite's config, as main() builds it, for one setup's timing."""
+    defaults = dict(model_path="benchmarks/models/granite-3.1-8b", logs=str(tmp_path), out=str(tmp_path / "s.json"),
+                    port=0, deadline_s=60, extra=[], workloads="rl,agent", groups=2, samples=2, conversations=2,
+                    turns=2, repeats=3, repeat_setups="plugin-256")
+    return serving.ServingRun(SimpleNamespace(**{**defaults, **args}))
+
+
+def test_a_repeated_setup_runs_every_round_cold_after_a_flush(stand_in, tmp_path):
+    """The decode wait's rounds: the same requests each time, never served from the last round's cache."""
+    stand_in.plugin_lines = lambda: []
+    stand_in.describe = lambda: {}
+    entry = serving_run(tmp_path)._time("plugin-256", stand_in)
+    assert [set(r) for r in [entry["workloads"], *entry["repeats"]]] == [{"rl", "agent"}] * 3
+    assert entry["repeats"][1]["rl"]["prompt_tokens"] == entry["workloads"]["rl"]["prompt_tokens"]
+    paths = [path for path, _ in Streaming.seen]
+    rounds = len(paths) - paths.count("/flush_cache")
+    per_round = paths.index("/flush_cache") - 5 - 2  # after the warm-up's five requests and two turns
+    assert paths.count("/flush_cache") == 2 and rounds == 7 + 3 * per_round
+    assert [i for i, p in enumerate(paths) if p == "/flush_cache"] == [7 + per_round, 8 + 2 * per_round]
+    assert "repeats" not in serving_run(tmp_path)._time("stock-4096", stand_in)
+
+
+def timed(name, rounds):
+    """A setup's record: per round, per workload, (output tok/s, longest gap s)."""
+    workloads = [{w: {"output_tok_s": tok, "itl_max_s": gap} for w, (tok, gap) in r.items()} for r in rounds]
+    return {"setup": name, "workloads": workloads[0], "repeats": workloads[1:]}
+
+
+@pytest.mark.parametrize("wait_rl, wait_gap, keep", [
+    ((975, 1000, 990), 0.2, True),     # median 990 against 1000: 1% cost
+    ((975, 970, 960), 0.2, True),      # median 970: 3% cost, the most allowed
+    ((969, 1000, 960), 0.2, False),    # median 969: 3.1%
+    ((1000, 1000, 1000), 0.31, False),  # free, but its longest gap is over the bound
+])
+def test_the_decode_wait_stays_the_default_only_within_its_cost_and_gap_bound(wait_rl, wait_gap, keep):
+    control = timed("plugin-256-no-wait", [{"rl": (1000, 3.0), "agent": (200, 1.0)}] * 3)
+    wait = timed("plugin-256", [{"rl": (tok, wait_gap), "agent": (200, 0.1)} for tok in wait_rl])
+    verdict = serving.decode_wait_verdict([control, wait, timed("stock-4096", [{"rl": (1, 1)}])])
+    assert verdict["workloads"]["rl"]["cost"] == pytest.approx(1 - sorted(wait_rl)[1] / 1000)
+    assert verdict["workloads"]["rl"]["itl_max_s_control"] == 3.0 and verdict["workloads"]["agent"]["cost"] == 0
+    assert verdict["keep_default"] is keep
+
+
+def test_no_decode_wait_verdict_without_its_control():
+    assert serving.decode_wait_verdict([timed("plugin-256", [{"rl": (1000, 0.1)}])]) is None
