@@ -239,11 +239,13 @@ def launcher():
 
 
 def verify(run, server, reference, cache, radix, expect_identical=True):
-    """`sglang-chunk-align verify --json` of `server` against `reference`, with the shared baseline cache."""
+    """`sglang-chunk-align verify --json` of `server` against `reference`, with the shared baseline cache;
+    against the reference's answers recorded in `cache` alone where `reference` is None."""
+    against = (["--recorded", cache] if reference is None else
+               ["--baseline-cache", cache, *(["--reference", reference.url] if reference is not server else [])])
     command = [
         sys.executable, "-m", "sglang_chunk_align.tools.cli", "verify", "--server", server.url, "--json",
-        "--prompts", str(run.args.prompts), "--baseline-cache", cache,
-        *(["--reference", reference.url] if reference is not server else []),
+        "--prompts", str(run.args.prompts), *against,
         *(["--input-ids", "--vocab-size", str(run.config["vocab_size"])] if run.args.dummy else []),
         *([] if radix else ["--no-radix"]),
     ]

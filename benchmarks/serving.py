@@ -51,7 +51,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import real_server  # noqa: E402  (run as a script from the repository root)
@@ -66,8 +65,9 @@ class Setup:
     """One server configuration: how it starts, and which reference checks it (None: unchecked)."""
 
     def __init__(self, label, chunk, env, backend="flashinfer", deterministic=True, reference="flashinfer",
-                 radix=True, extra=(), long_prompts=False, max_total_tokens=None):
+                 radix=True, extra=(), long_prompts=False, max_total_tokens=None, expect_identical=True):
         self.label, self.chunk, self.env, self.backend = label, chunk, env, backend
+        self.expect_identical = expect_identical  # False: a control, which verify must find inexact
         self.deterministic, self.reference, self.radix = deterministic, reference, radix
         self.extra, self.long_prompts = list(extra), long_prompts
         # A KV pool of its own (None: --max-total-tokens) needs the GPU alone: no other server starts beside it.
@@ -85,6 +85,11 @@ SETUPS = {
                         reference="triton"),
     "nondet-256": Setup("non-deterministic flashinfer, chunk 256, radix cache (the ceiling)", 256, STOCK,
                         deterministic=False, reference=None),
+    # verify's sensitivity: chunked prefill without the fixed split differs from the unchunked reference
+    # wherever the model lets attention's last bits reach the logprobs; a pass here says it does not.
+    "nondet-256-control": Setup("control: non-deterministic flashinfer, chunk 256, radix cache, checked against "
+                                "the deterministic unchunked reference (verify should find it inexact)", 256, STOCK,
+                                deterministic=False, expect_identical=False),
     "plugin-1024": Setup("plugin, chunk 1024, radix cache", 1024, PLUGIN, long_prompts=True),
     "plugin-256-no-wait": Setup("plugin, chunk 256, radix cache, decode wait off (stock's prefill-first order)",
                                 256, {**PLUGIN, "SGLANG_CHUNK_ALIGN_DECODE_WAIT": "0"}),
@@ -100,7 +105,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--dummy", action="store_true", help="--load-format dummy --skip-tokenizer-init (config.json only)")
-    parser.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, of {', '.join(SETUPS)}")
+    parser.add_argument("--setups", default=",".join(n for n in SETUPS if SETUPS[n].expect_identical),
+                        help=f"comma-separated, of {', '.join(SETUPS)}")
     parser.add_argument("--workloads", default="rl,agent,interactive,streamed")
     parser.add_argument("--groups", type=int, default=16, help="rl: prompts")
     parser.add_argument("--samples", type=int, default=8, help="rl: samples per prompt")
@@ -121,9 +127,14 @@ def main(argv=None):
     parser.add_argument("--no-verify", action="store_true", help="time only: no references, no verify (say so)")
     parser.add_argument("--baselines", metavar="DIR",
                         help="reuse the references' recorded answers (baseline-BACKEND.json) from an earlier run's --logs")
+    parser.add_argument("--verify-only", action="store_true",
+                        help="with --baselines: start every setup at once, each with a --max-total-tokens pool, and "
+                             "verify each against its reference's recorded answers; nothing timed")
     parser.add_argument("--out", required=True)
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more server arguments")
     args = parser.parse_args(argv)
+    if args.verify_only and not args.baselines:
+        parser.error("--verify-only checks setups against recorded references: give --baselines DIR")
     run = ServingRun(args)
     try:
         backends = {SETUPS[name].reference for name in args.setups.split(",")} - {None}
@@ -133,14 +144,21 @@ def main(argv=None):
             run.baselines = {b: (None, os.path.join(args.baselines, f"baseline-{b}.json")) for b in backends}
         else:
             run.record_references(backends)
-        run.time_setups([name for name in args.setups.split(",")])
+        (run.verify_setups if args.verify_only else run.time_setups)(args.setups.split(","))
     finally:
         run.stop()
         run.ratios()
         run.results["decode_wait"] = decode_wait_verdict(run.results["setups"])
         run.save()
     print(json.dumps(run.summary(), indent=1))
-    return 0 if all(s.get("verify_ok") is not False and not alike_groups(s) for s in run.results["setups"]) else 1
+    return 0 if all(verified_as_expected(s) and not alike_groups(s) for s in run.results["setups"]) else 1
+
+
+def verified_as_expected(entry):
+    """Verify did not answer the opposite of what the setup expects: inexact for a setup, identical for a
+    control. Not checked (None) is neither."""
+    opposite = not SETUPS[entry["setup"]].expect_identical
+    return entry.get("verify_ok") is not opposite
 
 
 class ServingRun(real_server.Run):
@@ -197,19 +215,42 @@ class ServingRun(real_server.Run):
         if checking is not None:
             checking.join()
 
-    def _start(self, name):
+    def verify_setups(self, names):
+        """--verify-only: every setup's server at once, each with the --max-total-tokens pool (so one GPU
+        holds them side by side; the setup's own pool is for timing it alone), each verified against its
+        reference's recorded answers. What a timed run's checks could not do is done so, by the same commands."""
+
+        def check(name):
+            server = self._start(name, pool=self.args.max_total_tokens)
+            entry = self._ready(name, server)
+            if "error" in entry:
+                server.stop()
+                self.record(entry, "setups")
+            else:
+                self._check(name, server, entry, long=False)
+
+        with ThreadPoolExecutor(len(names)) as pool:
+            list(pool.map(check, names))
+
+    def _start(self, name, pool=None):
         setup = SETUPS[name]
         return Server(self, name, setup.chunk, 1, setup.env, extra=setup.extra, backend=setup.backend,
                       deterministic=setup.deterministic, decode_graph_bs=self.args.graph_bs,
-                      max_total_tokens=setup.max_total_tokens)
+                      max_total_tokens=pool or setup.max_total_tokens)
 
-    def _time(self, name, server):
-        setup = SETUPS[name]
-        entry = {"setup": name, "label": setup.label, **server.describe()}
+    def _ready(self, name, server):
+        """The setup's entry once its server is up: its command and plugin lines, or the error."""
+        entry = {"setup": name, "label": SETUPS[name].label, **server.describe()}
         if not server.wait_ready():
             entry["error"] = server.log()[-3000:]
+        else:
+            entry["plugin_lines"] = server.plugin_lines()
+        return entry
+
+    def _time(self, name, server):
+        entry = self._ready(name, server)
+        if "error" in entry:
             return entry
-        entry["plugin_lines"] = server.plugin_lines()
         warm_up(server, self)
         entry["workloads"] = self._round(server)
         if name in self.args.repeat_setups.split(","):
@@ -223,18 +264,17 @@ class ServingRun(real_server.Run):
         """Every workload once, each on the same requests (seed 0) as every other setup's."""
         return {w: WORKLOADS[w](server, self, seed=0) for w in self.args.workloads.split(",")}
 
-    def _check(self, name, server, entry):
+    def _check(self, name, server, entry, long=True):
         setup = SETUPS[name]
         try:
             if "error" not in entry and setup.reference is not None and setup.reference not in self.baselines:
                 entry["verify_ok"] = "not run (--no-verify)"
             elif "error" not in entry and setup.reference is not None:
                 _, cache = self.baselines[setup.reference]
-                dead_reference = SimpleNamespace(url="http://127.0.0.1:1")  # recorded answers only
-                check = real_server.verify(self, server, dead_reference, cache, radix=setup.radix)
+                check = real_server.verify(self, server, None, cache, radix=setup.radix)  # its recorded answers
                 entry["verify_ok"], entry["verify"] = check["ok"], check["verify"]
                 entry["verify_command"] = check["verify_command"]
-            if "error" not in entry and setup.long_prompts:
+            if "error" not in entry and setup.long_prompts and long:
                 entry["long_prompts"] = long_prompts(server, LONG_PROMPTS["setup"], self)
         finally:
             server.stop()

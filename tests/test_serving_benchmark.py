@@ -242,3 +242,24 @@ def test_the_decode_wait_stays_the_default_only_within_its_cost_and_gap_bound(wa
 
 def test_no_decode_wait_verdict_without_its_control():
     assert serving.decode_wait_verdict([timed("plugin-256", [{"rl": (1000, 0.1)}])]) is None
+
+
+def test_a_setup_is_verified_against_its_references_recorded_answers_alone(tmp_path):
+    """The reference records its cold answers, then stops (a long prompt may end it): each setup is
+    verified against the file alone, and a wrong setup is caught there."""
+    from test_verify import VOCAB, StandIn
+
+    def started(**faults):
+        http = StandIn(**faults)
+        threading.Thread(target=http.serve_forever, daemon=True).start()
+        return SimpleNamespace(url=f"http://127.0.0.1:{http.server_port}", http=http, describe=lambda: {})
+
+    run = SimpleNamespace(args=SimpleNamespace(prompts=4, dummy=True), config={"vocab_size": VOCAB})
+    cache = str(tmp_path / "baseline-flashinfer.json")
+    reference = started()
+    assert real_server.verify(run, reference, reference, cache, radix=False)["ok"] is True
+    reference.http.shutdown()
+    check = real_server.verify(run, started(), None, cache, radix=True)
+    assert check["ok"] is True and f"--recorded {cache}" in check["verify_command"]
+    wrong = started(perturb=lambda request: ("output_id", 0))
+    assert real_server.verify(run, wrong, None, cache, radix=True)["ok"] is False

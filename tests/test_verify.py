@@ -17,6 +17,7 @@ nothing of SGLang itself is faked (the bodies are checked with SGLang's own
 
 import importlib.util
 import json
+import pathlib
 import math
 import os
 import random
@@ -242,7 +243,7 @@ def test_json_report_has_the_documented_keys_and_counts(capsys, standin):
     code, report = run_json(capsys, "--server", server.url, "--reference", reference.url, *FAST, *IDS)
     assert code == 0 and report["ok"] is True
     assert list(report) == [
-        "ok", "server", "reference", "baseline", "chunked_vs_unchunked_checked", "radix_expected", "input",
+        "ok", "server", "reference", "recorded", "baseline", "chunked_vs_unchunked_checked", "radix_expected", "input",
         "seed", "concurrency", "max_new_tokens", "problems", "workloads",
     ]
     assert (report["baseline"], report["input"], report["problems"]) == ("reference", "input_ids", [])
@@ -569,6 +570,8 @@ def test_help_says_verify_flushes_the_servers_caches(capsys):
         (["--reference", "localhost:30001"], "argument --reference: 'localhost:30001' is not an http:// or https:// URL"),
         (["--input-ids"], "--input-ids and --vocab-size go together"),
         (["--vocab-size", "10"], "--input-ids and --vocab-size go together"),
+        (["--recorded", "r.json", "--reference", "http://127.0.0.1:9"], "--recorded is the reference's answers"),
+        (["--recorded", "r.json", "--baseline-cache", "b.json"], "--recorded is the reference's answers"),
     ],
 )
 def test_a_bad_argument_exits_2_naming_it(capsys, args, bad):
@@ -639,3 +642,37 @@ def test_a_baseline_cache_is_reused_and_a_wrong_server_is_still_caught(capsys, s
     (tmp_path / "baseline.json").write_text("not json")
     code, out, err = run_verify(capsys, "--server", standin().url, *args)
     assert code == 2 and err.count("\n") == 1 and "--baseline-cache" in err
+
+
+def test_recorded_answers_stand_in_for_a_reference_that_is_gone(capsys, standin, tmp_path):
+    """--recorded: the reference's answers, recorded once with --baseline-cache, check a server later
+    with no reference running (one GPU, one server at a time); a wrong server still fails, its chat
+    follow-ups (built on answers that differed) named as not recorded."""
+    cache = str(tmp_path / "reference.json")
+    reference = standin()
+    assert run_json(capsys, "--server", reference.url, "--baseline-cache", cache, *FAST, *IDS)[0] == 0
+    reference.shutdown()
+    recorded = pathlib.Path(cache).read_bytes()
+    code, report = run_json(capsys, "--server", standin().url, "--recorded", cache, *FAST, *IDS)
+    assert code == 0 and (report["baseline"], report["recorded"], report["chunked_vs_unchunked_checked"]) == (
+        "recorded", cache, True)
+    code, out, _ = run_verify(capsys, "--server", standin().url, "--recorded", cache, *FAST, *IDS)
+    assert code == 0 and f"against the reference's answers recorded in {cache}" in out.splitlines()[0]
+    wrong = standin(perturb=lambda r: ("output_id", 0) if len(r.tokens) > 300 else None)
+    code, report = run_json(capsys, "--server", wrong.url, "--recorded", cache, *FAST, *IDS)
+    assert code == 1 and failures(report, "mixed", "sequential")
+    assert any("follow-up turns are not in --recorded" in problem for problem in report["problems"])
+    assert pathlib.Path(cache).read_bytes() == recorded  # read, never written
+
+
+def test_recorded_answers_of_another_run_are_refused(capsys, standin, tmp_path):
+    cache = str(tmp_path / "reference.json")
+    reference = standin()
+    assert run_json(capsys, "--server", reference.url, "--baseline-cache", cache, *FAST, *IDS)[0] == 0
+    code, _, err = run_verify(capsys, "--server", reference.url, "--recorded", cache, "--seed", "1", *FAST, *IDS)
+    assert code == 2 and "holds no answer for a request this run sends alike every time" in err
+
+
+def test_a_recorded_file_that_is_missing_is_one_line(capsys, standin, tmp_path):
+    code, out, err = run_verify(capsys, "--server", standin().url, "--recorded", str(tmp_path / "none.json"), *FAST, *IDS)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--recorded" in err and "No such file" in err

@@ -150,6 +150,12 @@ def add_parser(commands):
         help="reuse cold answers recorded in FILE (JSON) by earlier runs against the same baseline server, "
         "and record new ones there; runs in parallel take turns at the baseline",
     )
+    verifier.add_argument(
+        "--recorded", metavar="FILE",
+        help="check against the reference's cold answers that an earlier run recorded in FILE (--baseline-cache FILE "
+        "with --reference, the same --seed, --prompts, --max-new-tokens and input), with no reference running: "
+        "one GPU can record the reference, stop it, then serve the server under test; a request FILE lacks is an error",
+    )
     verifier.add_argument("--timeout", type=_seconds, default=300, help="seconds each HTTP call may take (default 300)")
     verifier.add_argument("--json", action="store_true", help="print a JSON report")
     return verifier
@@ -189,6 +195,8 @@ def report_errors_as_json(*parsers):
 def run(verifier, args):
     if args.input_ids != (args.vocab_size is not None):
         verifier.error("--input-ids and --vocab-size go together: token ids are drawn below the vocab size")
+    if args.recorded and (args.reference or args.baseline_cache):
+        verifier.error("--recorded is the reference's answers: it takes neither --reference nor --baseline-cache")
     prompts = TokenIds(args.vocab_size) if args.input_ids else Words()
     server = Server(args.server, args.timeout)
     baseline = Server(args.reference, args.timeout) if args.reference else server
@@ -196,8 +204,9 @@ def run(verifier, args):
         "ok": None,
         "server": args.server,
         "reference": args.reference,
-        "baseline": "reference" if args.reference else "server",
-        "chunked_vs_unchunked_checked": bool(args.reference),
+        "recorded": args.recorded,
+        "baseline": baseline_role(args),
+        "chunked_vs_unchunked_checked": bool(args.reference or args.recorded),
         "radix_expected": not args.no_radix,
         "input": prompts.field,
         "seed": args.seed,
@@ -209,6 +218,8 @@ def run(verifier, args):
     names = WORKLOADS if args.workload == "all" else (args.workload,)
     progress = Progress(enabled=not args.json and sys.stderr.isatty())
     try:
+        if args.recorded:
+            baseline = Recorded(args.recorded)
         check_reachable({"server": server, "reference": baseline} if args.reference else {"server": server})
         for name in names:
             conversations = BUILDERS[name](random.Random(f"{args.seed}:{name}"), args.prompts, prompts)
@@ -340,6 +351,38 @@ class Answer:
     cached_tokens: int
 
 
+def baseline_role(args):
+    """What the cold answers come from: a running reference, one recorded earlier, or the server itself."""
+    return "reference" if args.reference else "recorded" if args.recorded else "server"
+
+
+class NotRecorded(ServerError):
+    """--recorded's file holds no answer for a request."""
+
+
+class Recorded:
+    """The reference's cold answers recorded in a file by an earlier run (--recorded), standing in for
+    a reference that is no longer running; they are read, never written."""
+
+    def __init__(self, path):
+        self.path, self.url = path, f"answers recorded in {path}"
+        try:
+            self.answers = BaselineCache.read(path, "--recorded")
+        except OSError as error:
+            raise ServerError(f"--recorded {path}: {error.strerror or error}") from None
+
+    def flush(self):
+        """Recorded answers were cold when recorded."""
+
+    def generate(self, field, request, max_new_tokens):
+        found = BaselineCache.found(self.answers, field, request, max_new_tokens)
+        if found is None:
+            raise NotRecorded(f"--recorded {self.path} holds no answer for a request this run sends alike every "
+                              "time: record it against the reference with this run's --seed, --prompts, "
+                              "--max-new-tokens and input")
+        return found
+
+
 def check_reachable(servers):
     """Raise one ServerError naming every server ({role: Server}) that does not answer HTTP at all."""
     unreachable = []
@@ -444,17 +487,27 @@ def check_workload(name, conversations, server, baseline, prompts, args, progres
         progress.start(f"{name} {label}", len(requests))
         server.flush()
         answers[label] = run_pass(server, conversations, built, prompts, args, concurrency, progress)
-    progress.start(f"{name} baseline ({'reference' if args.reference else 'server'}, cold)", len(requests))
+    progress.start(f"{name} baseline ({baseline_role(args)}, cold)", len(requests))
     with BaselineCache(args.baseline_cache) as recorded:
-        cold = {}
+        cold, unrecorded = {}, 0
         for key in requests:
             cold[key] = recorded.get(prompts.field, built[key], args.max_new_tokens)
             if cold[key] is None:
                 baseline.flush()
-                cold[key] = baseline.generate(prompts.field, built[key], args.max_new_tokens)
+                try:
+                    cold[key] = baseline.generate(prompts.field, built[key], args.max_new_tokens)
+                except NotRecorded:
+                    if conversations[key[0]][key[1]].shared is not None:
+                        raise  # a prompt every run sends alike: FILE is another run's
+                    # A follow-up turn built on an answer that differed: it cannot equal anything recorded.
+                    cold[key] = Answer([], [], [], "", answers["sequential"][key].prompt_tokens, 0)
+                    unrecorded += 1
                 recorded.put(prompts.field, built[key], args.max_new_tokens, cold[key])
             progress.advance()
     progress.clear()
+    if unrecorded:
+        problems.append(f"{name}: {unrecorded} follow-up turns are not in --recorded {args.recorded}: "
+                        "they follow answers that differed from the reference's")
 
     nulls = sum(_nulls(answer) for got in (cold, *answers.values()) for answer in got.values())
     if nulls:
@@ -504,14 +557,22 @@ class BaselineCache:
             self.lock = open(self.path + ".lock", "w")
             fcntl.flock(self.lock, fcntl.LOCK_EX)
             try:
-                with open(self.path) as file:
-                    self.answers = json.load(file)
+                self.answers = self.read(self.path, "--baseline-cache")
             except FileNotFoundError:
                 pass
-            except ValueError as error:
+            except ServerError:
                 self._unlock()
-                raise ServerError(f"--baseline-cache {self.path}: not a file verify wrote ({error})") from None
+                raise
         return self
+
+    @staticmethod
+    def read(path, option):
+        """The answers a file holds; FileNotFoundError where there is none, ServerError where it is not verify's."""
+        try:
+            with open(path) as file:
+                return json.load(file)
+        except ValueError as error:
+            raise ServerError(f"{option} {path}: not a file verify wrote ({error})") from None
 
     def __exit__(self, *exc):
         if self.path:
@@ -530,7 +591,12 @@ class BaselineCache:
         return hashlib.sha256(text.encode()).hexdigest()
 
     def get(self, field, request, max_new_tokens):
-        found = self.answers.get(self._key(field, request, max_new_tokens))
+        return self.found(self.answers, field, request, max_new_tokens)
+
+    @classmethod
+    def found(cls, answers, field, request, max_new_tokens):
+        """The Answer recorded in `answers` for a request, or None."""
+        found = answers.get(cls._key(field, request, max_new_tokens))
         return None if found is None else Answer(**{**found, "output": [tuple(pair) for pair in found["output"]]})
 
     def put(self, field, request, max_new_tokens, answer):
@@ -645,11 +711,11 @@ class Progress:
 
 
 def format_report(report):
-    against = (
-        f"reference {report['reference']} (each prompt alone after /flush_cache)"
-        if report["reference"]
-        else "itself, each prompt alone after /flush_cache"
-    )
+    against = {
+        "reference": f"reference {report['reference']} (each prompt alone after /flush_cache)",
+        "recorded": f"the reference's answers recorded in {report['recorded']}",
+        "server": "itself, each prompt alone after /flush_cache",
+    }[report["baseline"]]
     lines = [f"sglang-chunk-align verify: {report['server']} against {against}; prompts as {report['input']}"]
     for name, workload in report["workloads"].items():
         tokens = workload["prompt_tokens"]
