@@ -458,3 +458,25 @@ def test_launch_server_starts_verifys_reference_as_stock_unchunked_without_radix
     words = result.stdout.split()
     assert words[:2] == ["none", "serve"] and "--enable-deterministic-inference" in words
     assert " --chunked-prefill-size -1 --disable-radix-cache --tp 2" in result.stdout
+
+
+@pytest.mark.parametrize("args", [("plan", "--prompt-len", "200000", "--chunk", "128"),
+                                  ("plan", "--prompt-len", "200000", "--chunk", "128", "--json")])
+def test_a_reader_that_stops_early_ends_the_command_without_a_traceback(args):
+    """`plan ... | head -2`: the listing is larger than a pipe holds, so the command is still writing
+    when the reader closes the pipe; it stops there, quietly, as a command killed by SIGPIPE does."""
+    command = subprocess.Popen([sys.executable, "-m", "sglang_chunk_align.tools.cli", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert command.stdout.readline() and command.stdout.readline()
+    command.stdout.close()
+    stderr = command.stderr.read()
+    assert command.wait() == 141 and stderr == ""
+
+
+@pytest.mark.parametrize("args", [("--prompt-len", "0", "--chunk", "128"), ("--prompt-len", "100", "--chunk", "200")])
+def test_plan_json_reports_a_refusal_as_one_json_document(args):
+    """As verify --json and probe --json: a bad argument or a refused chunk reads {"ok": false, "error": ...}."""
+    result = _cli("plan", *args, "--json")
+    assert result.returncode == 2
+    report = json.loads(result.stdout)
+    assert list(report) == ["ok", "error"] and report["ok"] is False and report["error"] in result.stderr

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import pkgutil
+import signal
 import sys
 from importlib import metadata
 
@@ -24,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 from .. import backends, patch_table, patches, releases
 from . import probe, verify
 from ..harness import standins
-from .arguments import at_least
+from .arguments import at_least, report_errors_as_json
 from ..planning import Rules, plan
 from ..alignment import chunk_size_error
 from ..kernel_facts import facts_for, installed_facts, installed_flashinfer
@@ -65,6 +66,20 @@ RAY_WARNING = (
 
 
 def main(argv=None):
+    """The command's exit status. A reader that stops early (`plan ... | head`) ends it quietly, as
+    it ends other commands, with no traceback: every command prints on stdout."""
+    try:
+        status = _run(argv)
+        sys.stdout.flush()  # here, inside the try: a closed pipe fails now rather than at exit
+        return status
+    except BrokenPipeError:
+        # Python's recipe (the signal module's "Note on SIGPIPE"): stdout on devnull, so the
+        # interpreter's last flush cannot fail again; the status of a command killed by SIGPIPE.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _run(argv):
     parser = argparse.ArgumentParser(prog="sglang-chunk-align")
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed_release('sglang-chunk-align')}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -109,8 +124,8 @@ def main(argv=None):
     prober = commands.add_parser("probe", help="measure the installed flashinfer's fa2 kernel facts on this GPU")
     probe.add_arguments(prober)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["verify"] and "--json" in argv:
-        verify.report_errors_as_json(parser, verifier)
+    if "--json" in argv:
+        report_errors_as_json(parser, *commands.choices.values())
     args = parser.parse_args(argv)
     if args.command == "plan":
         return run_plan(planner, args)

@@ -27,7 +27,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from . import fa2
-from .arguments import at_least
+from .arguments import at_least, report_errors_as_json
 from ..kernel_facts import facts_for, installed_flashinfer
 
 SEED = 20261129
@@ -333,6 +333,8 @@ def main(parser, args):
     reason = why_not_measurable()
     if reason:
         print(f"sglang-chunk-align probe: cannot measure here: {reason}", file=sys.stderr)
+        if args.json:  # one JSON document on every outcome, as verify --json
+            print(json.dumps({"ok": False, "error": f"cannot measure here: {reason}"}))
         return CANNOT_MEASURE
     facts, warning = facts_for(installed_flashinfer())
     if warning:
@@ -341,8 +343,8 @@ def main(parser, args):
     for results in run_probe(groups or DEFAULT_GROUPS, head_dims or DEFAULT_HEAD_DIMS, decode=not args.no_decode):
         checked += verdicts(facts, results)
         _, status = summary(facts, checked)
-        report = {"environment": environment(), "facts": facts.flashinfer, "facts_measured": facts.measured,
-                  "holds": status == HOLD, "results": checked}
+        report = {"ok": status == HOLD, "environment": environment(), "facts": facts.flashinfer,
+                  "facts_measured": facts.measured, "holds": status == HOLD, "results": checked}
         if args.out:  # after every shape, so a run cut short keeps what it measured
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
@@ -366,4 +368,6 @@ if __name__ == "__main__":  # python -m sglang_chunk_align.tools.probe: no CLI i
 
     cli = argparse.ArgumentParser(prog="sglang-chunk-align probe")
     add_arguments(cli)
+    if "--json" in sys.argv:
+        report_errors_as_json(cli)
     sys.exit(main(cli, cli.parse_args()))

@@ -174,18 +174,6 @@ def _seconds(text):
     return value
 
 
-def report_errors_as_json(*parsers):
-    """With --json, a bad argument (argparse's exit 2) is also a JSON report on stdout, as a
-    failure to run is (run), so a script reading the report reads every outcome."""
-    for parser in parsers:
-
-        def error(message, usage_error=parser.error):
-            print(json.dumps({"ok": False, "error": message}))
-            usage_error(message)
-
-        parser.error = error
-
-
 def run(verifier, args):
     if args.input_ids != (args.vocab_size is not None):
         verifier.error("--input-ids and --vocab-size go together: token ids are drawn below the vocab size")
