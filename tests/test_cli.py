@@ -66,7 +66,7 @@ def test_doctor_reports_a_working_install():
     assert report["backends"]["FlashInferAttnBackend"] == 128
     facts = installed_facts()  # SGLang 0.5.23 pins flashinfer 0.7.2 (measured), 0.5.22 0.7.1 (not)
     assert report["kernel_facts"] == {"flashinfer": facts.flashinfer, "measured": facts.measured,
-                                      "summary": facts.describe(), "shapes": facts.describe_shapes()}
+                                      "summary": facts.headline(), "shapes": facts.describe_shapes()}
     assert any("its fa2 kernel facts were not measured" in w for w in report["warnings"]) == (not facts.measured)
     assert report["backends"]["FlashInferMLAAttnBackend"] is None
     assert report["backends"]["TboAttnBackend"] == 128
@@ -98,8 +98,8 @@ def test_doctor_fails_on_an_invalid_environment(fresh_python):
     assert {"  SGLANG_CHUNK_ALIGN_RULES=1", "  SGLANG_CHUNK_ALIGN_RADIX_CACHE unset",
             "  SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='yes' (invalid)"} <= set(lines[:problem])
     assert (
-        f"  kernel facts         {installed_facts().describe()}; measured at {installed_facts().describe_shapes()}; "
-        "plan --group --head-dim warns on others"
+        f"  kernel facts         {installed_facts().headline()}; plan --group --head-dim warns on others"
+        if installed_facts().measured else f"  kernel facts         {installed_facts().headline()}"
     ) in lines
     assert lines[-1] == "NOT OK: 1 PROBLEM line(s) above"
     assert result.stdout.count("is not valid") == 1
@@ -308,7 +308,7 @@ def test_plan_command_says_which_shapes_the_kernel_facts_of_its_release_cover(fl
     args = ("plan", "--prompt-len", "300", "--chunk", "128", "--flashinfer", flashinfer, *shape)
     text = _cli(*args)
     assert text.returncode == 0, text.stderr
-    assert text.stdout.startswith(f"{facts.describe()}; measured at {facts.describe_shapes()}\n")
+    assert text.stdout.startswith(f"{facts.headline()}\n")
     assert ("WARNING: " in text.stdout) == bool(warned)
     report = json.loads(_cli(*args, "--json").stdout)
     if warned:
@@ -480,3 +480,35 @@ def test_plan_json_reports_a_refusal_as_one_json_document(args):
     assert result.returncode == 2
     report = json.loads(result.stdout)
     assert list(report) == ["ok", "error"] and report["ok"] is False and report["error"] in result.stderr
+
+
+# Hides the installed flashinfer (its metadata) from a fresh interpreter, then runs the command.
+WITHOUT_FLASHINFER = """
+import importlib.metadata, sys
+real_version = importlib.metadata.version
+def version(dist):
+    if dist == "flashinfer-python":
+        raise importlib.metadata.PackageNotFoundError(dist)
+    return real_version(dist)
+importlib.metadata.version = version
+from sglang_chunk_align.tools.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+UNMEASURED = "its fa2 kernel facts were not measured"
+
+
+@pytest.mark.parametrize("command", [("doctor",), ("plan", "--prompt-len", "300", "--chunk", "128"),
+                                     ("plan", "--prompt-len", "300", "--chunk", "128", "--flashinfer", "9.9.9")])
+def test_an_unmeasured_flashinfer_is_said_once_plainly_with_the_facts_used(command):
+    """Without flashinfer, or with a release nobody measured: one WARNING says it was not measured
+    and which facts are taken instead (0.7.2's and 0.7.4's strictest); no line claims a measurement."""
+    result = subprocess.run([sys.executable, "-c", WITHOUT_FLASHINFER, *command], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    output = result.stdout + result.stderr
+    release = "flashinfer 9.9.9" if "9.9.9" in command else "no flashinfer installed"
+    assert output.count(UNMEASURED) == 1 and f"{release}: {UNMEASURED}, so the grid rules take the strictest " \
+        "measured ones (flashinfer 0.7.2 and 0.7.4)" in output
+    facts_line = next(line for line in result.stdout.splitlines() if "kernel facts" in line and UNMEASURED not in line)
+    assert facts_line.endswith("the strictest measured kernel facts (flashinfer 0.7.2 and 0.7.4): chunk starts on "
+                               "128-row q-tiles")
+    assert "measured at" not in output and "NOT measured" not in output and "not measured)" not in output

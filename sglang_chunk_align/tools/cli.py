@@ -28,7 +28,7 @@ from ..harness import standins
 from .arguments import at_least, report_errors_as_json
 from ..planning import Rules, plan
 from ..alignment import chunk_size_error
-from ..kernel_facts import facts_for, installed_facts, installed_flashinfer
+from ..kernel_facts import chosen, facts_for, installed_flashinfer
 from ..compat import (
     RADIX_OPT_IN_NEEDS,
     RULES_ENV,
@@ -187,7 +187,7 @@ def run_plan(planner, args):
             indent=2,
         ))
     else:
-        print(f"{facts.describe()}; measured at {facts.describe_shapes()}")
+        print(facts.headline())
         for warning in warnings:
             print(f"WARNING: {warning}")
         if args.chunk is None:
@@ -232,14 +232,16 @@ def run_doctor():
             applied = _plugin_applied(report)
     except ChunkAlignError as error:
         report["problems"].append(str(error))
-    facts = installed_facts()
+    # facts_for, not installed_facts: that logs the WARNING for an unmeasured release, which the
+    # report says once. The plugin's code reads the same facts through chosen().
+    facts, warning = facts_for(installed_flashinfer())
     report["kernel_facts"] = {"flashinfer": facts.flashinfer, "measured": facts.measured,
-                              "summary": facts.describe(), "shapes": facts.describe_shapes()}
-    if not facts.measured:
-        report["warnings"].append(facts_for(installed_flashinfer())[1])
-    with applied:
+                              "summary": facts.headline(), "shapes": facts.describe_shapes()}
+    if warning:
+        report["warnings"].append(warning)
+    with chosen(facts), applied:
         if version is not None:
-            _check_release(report, version)
+            _check_release(report, version, facts)
     report["ok"] = not report["problems"]
     return report
 
@@ -293,8 +295,9 @@ def _plugin_applied(report):
         patches.remove()
 
 
-def _check_release(report, version):
-    """Each patch point's status and what the backends declare, on the installed release."""
+def _check_release(report, version, facts):
+    """Each patch point's status and what the backends declare, on the installed release, with
+    the installed flashinfer's kernel `facts`."""
     rules_off = report["switches"].get(RULES_ENV) == 0
     applied = patches.installed_names()
     release = patches.release_points(patch_table, version)
@@ -315,14 +318,14 @@ def _check_release(report, version):
     else:
         radix = "" if sglang_at_least(releases.RADIX_OPT_IN) else f"; {RADIX_OPT_IN_NEEDS}"
         report["grid_rules"] = RULES_OFF if rules_off else f"available{radix}"
-        rows = installed_facts().grid_rows
+        rows = facts.grid_rows
         report["grid"] = None if rules_off else GRID_SOURCE.format(
             grid=f"{rows}/gcd({rows}, GQA group) tokens" if rows else "the KV page (chunk starts anywhere)",
             fallback=f"{rows} tokens" if rows else "the page",
         )
     if applied:
         report["backends"] = declared_alignments()
-        expected = installed_facts().chunk_align
+        expected = facts.chunk_align
         if report["backends"].get("FlashInferAttnBackend") != expected:
             report["problems"].append(
                 f"FlashInferAttnBackend does not declare {expected} under deterministic inference"
@@ -375,7 +378,8 @@ def format_doctor(report):
     if report["radix_cache"]:
         lines.append(f"  radix cache          under deterministic flashinfer: {report['radix_cache']}")
     facts = report["kernel_facts"]
-    lines.append(f"  kernel facts         {facts['summary']}; measured at {facts['shapes']}; plan --group --head-dim warns on others")
+    others = "; plan --group --head-dim warns on others" if facts["measured"] else ""
+    lines.append(f"  kernel facts         {facts['summary']}{others}")
     lines += [f"PROBLEM: {p}" for p in report["problems"]]
     if report["versions"]["sglang"] is None:
         lines.append("patch points: not checked (SGLang not installed)")
