@@ -237,7 +237,7 @@ def test_doctor_lists_the_plugins_sglang_plugins_skips_and_how_to_keep_them(monk
     text = _cli("doctor", SGLANG_PLUGINS="none").stdout.splitlines()
     assert f"  SGLANG_PLUGINS       'none': SGLang loads no plugin; skips {', '.join(_installed_plugins())}; " \
         "no installed plugin is named none" in text
-    stock = [line for line in text if line.startswith("WARNING: SGLANG_PLUGINS='none'")]
+    stock = [line for line in text if line.startswith("PROBLEM: SGLANG_PLUGINS='none'")]
     assert len(stock) == 1 and "chunk_align is among them: SGLang runs stock." in stock[0]
     assert f"To keep them: SGLANG_PLUGINS={','.join(_installed_plugins())} " in stock[0] or len(_installed_plugins()) == 1
     monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
@@ -512,3 +512,16 @@ def test_an_unmeasured_flashinfer_is_said_once_plainly_with_the_facts_used(comma
     assert facts_line.endswith("the strictest measured kernel facts (flashinfer 0.7.2 and 0.7.4): chunk starts on "
                                "128-row q-tiles")
     assert "measured at" not in output and "NOT measured" not in output and "not measured)" not in output
+
+
+@pytest.mark.parametrize("value", ["chunkalign", "smg-zmq"])
+def test_doctor_fails_where_sglang_plugins_keeps_the_plugin_from_loading(value):
+    """A value that skips chunk_align (a typo, `none`, another plugin alone) is a problem: SGLang
+    would run stock. Text and JSON say so, and the status is 1."""
+    text = _cli("doctor", SGLANG_PLUGINS=value)
+    assert text.returncode == 1
+    assert any(line.startswith(f"PROBLEM: SGLANG_PLUGINS={value!r} makes SGLang skip") and
+               "chunk_align is among them: SGLang runs stock." in line for line in text.stdout.splitlines())
+    assert text.stdout.splitlines()[-1].startswith("NOT OK")
+    report = json.loads(_cli("doctor", "--json", SGLANG_PLUGINS=value).stdout)
+    assert report["ok"] is False and any("chunk_align is among them" in p for p in report["problems"])

@@ -217,8 +217,9 @@ def run_doctor():
         "patch_points": [],
         "backends": {},
     }
-    if report["plugins"]["skipped"]:
-        report["warnings"].append(skipped_plugins_warning(report["plugins"]))
+    if report["plugins"]["skipped"]:  # a value that keeps the plugin itself from loading is a problem
+        stock = "chunk_align" in report["plugins"]["skipped"]
+        report["problems" if stock else "warnings"].append(skipped_plugins_warning(report["plugins"]))
     if version is None:  # said whatever else is wrong: a bad switch would hide it below
         report["problems"].append(str(sglang_missing()))
     applied = contextlib.nullcontext()  # apply() would refuse for the reason found first
