@@ -1,11 +1,13 @@
 """The `sglang-chunk-align` command: `doctor` on the installed SGLang, and `plan`."""
 
+import inspect
 import json
 import os
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from packaging.version import Version
@@ -14,7 +16,9 @@ from sglang_chunk_align import patch_table, patches, releases
 from sglang_chunk_align.alignment import chunk_size_error
 from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, radix_cache, sglang_at_least
 from sglang_chunk_align.kernel_facts import FACTS, facts_for, installed_facts, installed_flashinfer
+from sglang_chunk_align.harness import standins
 from sglang_chunk_align.harness.standins import scheduler_alignment
+from sglang_chunk_align.tools import fa2, probe
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MODELS = EXAMPLES.parent / "benchmarks" / "models"
@@ -525,3 +529,65 @@ def test_doctor_fails_where_sglang_plugins_keeps_the_plugin_from_loading(value):
     assert text.stdout.splitlines()[-1].startswith("NOT OK")
     report = json.loads(_cli("doctor", "--json", SGLANG_PLUGINS=value).stdout)
     assert report["ok"] is False and any("chunk_align is among them" in p for p in report["problems"])
+
+
+def _schedulers_workspace_refusal(chunk, longest_prompt):
+    """What the real Scheduler's startup steps say of `chunk` on a deterministic flashinfer backend
+    planned as Granite-3.1-8B on one GPU (32 q / 8 KV heads, head_dim 128, SGLang's 2 GiB workspace):
+    None where it starts, else its message."""
+    workspace = SimpleNamespace(numel=lambda: fa2.DETERMINISTIC_WORKSPACE_BYTES, element_size=lambda: 1)
+    backend = lambda: standins.flashinfer_backend(planned=(32, 8, 128), workspace_buffer=workspace)  # noqa: E731
+    try:
+        scheduler_alignment(backend, chunk=chunk, state={"max_req_input_len": longest_prompt})
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("chunk, context", [(4096, None), (4096, 126982), (4096, 126983), (1024, None), (-1, 20000),
+                                            (-1, 30000)])
+def test_plan_refuses_exactly_the_chunks_the_scheduler_refuses_at_the_models_context(plugin, chunk, context):
+    """The workspace check: at Granite-3.1-8B's context (131072 from its config.json, or --context-length),
+    plan accepts a chunk where the scheduler starts and refuses it, with the scheduler's message, where
+    the scheduler refuses it. SGLang admits prompts of context - 6 tokens (test_the_longest_prompt_plan_admits_is_sglangs)."""
+    longest = (context or 131072) - 6
+    expected = _schedulers_workspace_refusal(chunk, longest)
+    given = ("--context-length", str(context)) if context else ()
+    result = _cli("plan", "--prompt-len", "1000", "--chunk", str(chunk), "--model-path", str(MODELS / "granite-3.1-8b"),
+                  *given)
+    assert result.returncode == (2 if expected else 0), result.stderr
+    if expected:
+        said = f"--context-length {context}" if context else "--context-length 131072 (the model's, from its config.json)"
+        assert f"plan: error: at {said}: {expected}" in result.stderr
+    assert (chunk, context, bool(expected)) in {(4096, None, True), (4096, 126982, False), (4096, 126983, True),
+                                                (1024, None, False), (-1, 20000, False), (-1, 30000, True)}
+
+
+def test_the_longest_prompt_plan_admits_is_sglangs():
+    """plan's bound on a prompt (context - 6) is SGLang's TpModelWorker's max_req_input_len, read
+    from the installed wheel's source; --prompt-len above it is refused naming the context."""
+    from sglang.srt.managers import tp_worker
+
+    source = " ".join(inspect.getsource(tp_worker).split())
+    assert "max_req_len = min( self.model_config.context_len - 1," in source
+    assert "max_req_input_len = max_req_len - 5" in source
+    args = ("plan", "--chunk", "256", "--model-path", str(MODELS / "gemma-2b"))
+    assert _cli(*args, "--prompt-len", "8186").returncode == 0
+    refused = _cli(*args, "--prompt-len", "8187")
+    assert refused.returncode == 2 and ("--prompt-len 8187 is longer than the 8186 tokens a server at --context-length "
+                                        "8192 (the model's, from its config.json) admits") in refused.stderr
+    without_model = _cli("plan", "--prompt-len", "100", "--chunk", "256", "--context-length", "4096")
+    assert without_model.returncode == 2 and "--context-length needs --model-path" in without_model.stderr
+
+
+@pytest.mark.parametrize("config", [
+    *[json.loads((MODELS / name / "config.json").read_text()) for name in ("granite-3.1-8b", "gemma-2b", "qwen3-8b")],
+    {"max_position_embeddings": 32768, "rope_scaling": {"type": "yarn", "factor": 4.0}},
+    {"max_position_embeddings": 8192, "rope_scaling": {"factor": 8.0, "original_max_position_embeddings": 8192}},
+    {"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+    {"seq_length": 4096, "max_position_embeddings": 32768}, {"hidden_size": 64},
+])
+def test_plans_context_length_is_sglangs(config):
+    from sglang.srt.utils.hf_transformers.common import get_context_length
+
+    assert probe.context_length(config) == get_context_length(SimpleNamespace(**config))

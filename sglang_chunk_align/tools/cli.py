@@ -23,8 +23,9 @@ from importlib import metadata
 from packaging.version import InvalidVersion, Version
 
 from .. import backends, patch_table, patches, releases
-from . import probe, verify
+from . import fa2, probe, verify
 from ..harness import standins
+from ..workspace import Planned
 from .arguments import at_least, report_errors_as_json
 from ..planning import Rules, plan
 from ..alignment import chunk_size_error
@@ -49,6 +50,9 @@ RULES_OFF = f"off ({RULES_ENV}=0)"
 # plan lists every chunk: 10M tokens is 78,125 chunks of 128 (about 2 s of CPU), as long as the longest
 # contexts models offer. Without a bound a typo such as 10**12 hangs it, growing memory.
 MAX_PLAN_PROMPT_LEN = 10_000_000
+# SGLang's TpModelWorker admits prompts of max_req_input_len = min(context_len - 1, KV pool - 1) - 5
+# tokens: at most this many fewer than the context length.
+PROMPT_BELOW_CONTEXT = 6
 # Where each scheduler takes its grid from (backends.flashinfer_declaration); its log line names the grid.
 GRID_SOURCE = (
     "{grid}, the group and head_dim read at scheduler start from "
@@ -115,6 +119,13 @@ def _run(argv):
         "(num_attention_heads / num_key_value_heads, head_dim)",
     )
     planner.add_argument(
+        "--context-length", type=at_least(PROMPT_BELOW_CONTEXT + 1),
+        help="with --model-path: the server's --context-length (default: the model's, from its config.json as "
+        "SGLang reads it). The scheduler refuses at startup a chunk whose worst step at the longest prompt this "
+        "admits outgrows SGLang's deterministic fa2 workspace, with the model's heads on one GPU; plan refuses "
+        "it the same way",
+    )
+    planner.add_argument(
         "--flashinfer", metavar="VERSION", type=_flashinfer_release,
         help="the flashinfer release whose kernel facts to plan with "
         f"(default: the installed one, {installed_flashinfer() or 'none installed'})",
@@ -176,6 +187,7 @@ def run_plan(planner, args):
     error = chunk_size_error(args.chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail)
     if error:
         planner.error(f"argument --chunk: {error}")
+    _check_workspace(planner, args, head_dim, facts)
     schedules = {
         "upstream length alignment": plan(args.prompt_len, args.cached, args.chunk, rules, aligned=False),
         "sglang-chunk-align": plan(args.prompt_len, args.cached, args.chunk, rules),
@@ -198,6 +210,29 @@ def run_plan(planner, args):
             for c in chunks:
                 print(f"  [{c.start:>6}, {c.end:>6})  tile {c.tile}  {'; '.join(c.hazards) or 'ok'}")
     return 0
+
+
+def _check_workspace(planner, args, head_dim, facts):
+    """The scheduler's startup check that the worst chunk step fits the deterministic fa2 workspace
+    (workspace.Planned.refusal, the same call), for --model-path's heads at the longest prompt a
+    server at --context-length admits; that prompt length bounds --prompt-len too. It needs the
+    model's heads: without --model-path there is nothing to check."""
+    if args.model_path is None:
+        if args.context_length is not None:
+            planner.error("--context-length needs --model-path: the workspace check needs the model's heads")
+        return
+    config = probe.read_config(args.model_path)  # model_shape has read it: it is there and valid
+    context = args.context_length or probe.context_length(config)
+    said = f"--context-length {context}" + ("" if args.context_length else " (the model's, from its config.json)")
+    longest = context - PROMPT_BELOW_CONTEXT
+    if args.prompt_len > longest:
+        planner.error(f"--prompt-len {args.prompt_len} is longer than the {longest} tokens a server at {said} admits")
+    heads = config["num_attention_heads"]
+    planned = Planned(heads, config.get("num_key_value_heads") or heads, head_dim, fa2.PREFILL_SPLIT,
+                      fa2.DETERMINISTIC_WORKSPACE_BYTES)
+    refusal = planned.refusal(args.chunk, longest, facts.cta_tile)
+    if refusal:
+        planner.error(f"at {said}: {refusal}")
 
 
 def run_doctor():

@@ -286,14 +286,34 @@ def environment():
             "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
 
 
+# The keys SGLang's get_context_length (sglang/srt/utils/hf_transformers/common.py) reads, in its order.
+CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+def read_config(path):
+    """The config.json of the model folder `path`: its text_config where it has one, as SGLang reads
+    a multimodal model's (hf_text_config)."""
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    return config.get("text_config", config)
+
+
+def context_length(config):
+    """A model's context length as SGLang derives it from its config (get_context_length): the
+    first of CONTEXT_LENGTH_KEYS it has (2048 without one), times rope_scaling's factor unless the
+    scaling names original_max_position_embeddings or is llama3's."""
+    scaling = config.get("rope_scaling") or {}
+    keeps = "original_max_position_embeddings" in scaling or scaling.get("rope_type") == "llama3"
+    length = next((config[key] for key in CONTEXT_LENGTH_KEYS if config.get(key) is not None), 2048)
+    return int((1 if keeps else scaling.get("factor", 1)) * length)
+
+
 def model_shape(path):
     """(GQA group, head_dims, what config.json says) of the model folder `path`: attention heads
     per KV head before tensor parallelism, and every head_dim it uses (global_head_dim too).
     Raises ValueError naming what is missing or wrong."""
     try:
-        with open(os.path.join(path, "config.json")) as f:
-            config = json.load(f)
-        config = config.get("text_config", config)
+        config = read_config(path)
         heads = config["num_attention_heads"]
         kv_heads = config.get("num_key_value_heads") or heads
         head_dims = {config.get("head_dim") or config["hidden_size"] // heads, config.get("global_head_dim")} - {None}
