@@ -62,7 +62,7 @@ class KernelFacts(NamedTuple):
     # at a head_dim below SHORT_KV_BELOW_HEAD_DIM (not at 256).
     short_kv_tokens: int = 32
     short_kv_below_head_dim: int = 256
-    # (fact, shapes measured, recorded run in this repository), for doctor, probe and the README.
+    # (fact, shapes measured, recorded run in this repository), for doctor, probe and docs/kernel-facts.md.
     evidence: tuple = ()
     # ((head_dim, (GQA groups, ...)), ...): the model shapes the evidence covers on this release.
     # Elsewhere the rules are the same arithmetic, but nothing checked that fa2 follows it there.
@@ -117,7 +117,7 @@ class KernelFacts(NamedTuple):
         return f"{self.describe()}; measured at {self.describe_shapes()}" if self.measured else self.describe()
 
     def describe_shapes(self):
-        """The measured shapes in words, for doctor, plan and the README; None where none were measured."""
+        """The measured shapes in words, for doctor, plan and docs/kernel-facts.md; None where none were measured."""
         if not self.measured_shapes:
             return None
         *others, last = [f"{d} (GQA {', '.join(map(str, groups))})" for d, groups in self.measured_shapes]

@@ -61,7 +61,7 @@ GRID_SOURCE = (
 )
 # SGLang's entry-point group for general plugins (sglang.srt.plugins.GENERAL_PLUGINS_GROUP).
 PLUGINS_GROUP = "sglang.srt.plugins"
-# SGLang's Ray scheduler actors never call load_plugins() (README, "Use it on a GPU server").
+# SGLang's Ray scheduler actors never call load_plugins() (docs/loading.md, "Ray").
 RAY_WARNING = (
     "Ray is installed: SGLang's Ray scheduler actors (--use-ray, RayEngine) never load plugins, so "
     "deterministic flashinfer refuses to start on them while chunk_align is loaded. An sglang.Engine "
