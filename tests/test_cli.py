@@ -22,17 +22,19 @@ from sglang_chunk_align.tools import fa2, probe
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MODELS = EXAMPLES.parent / "benchmarks" / "models"
-# Hides the installed SGLang from a fresh interpreter (its metadata and its import), and
-# with ray=True makes `ray` look installed, so doctor runs as on a machine without/with them.
-HIDE = """
+# The start of a fresh interpreter's code in which the distribution DIST has no metadata.
+HIDE_METADATA = """
 import importlib.machinery, importlib.metadata, sys
 real_version = importlib.metadata.version
 def version(dist):
-    if dist == "sglang":
+    if dist == "DIST":
         raise importlib.metadata.PackageNotFoundError(dist)
     return real_version(dist)
 importlib.metadata.version = version
-class Hide:
+"""
+# Hides the installed SGLang from a fresh interpreter (its metadata and its import), and
+# with ray=True makes `ray` look installed, so doctor runs as on a machine without/with them.
+HIDE = HIDE_METADATA.replace("DIST", "sglang") + """class Hide:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] == "sglang":
             raise ImportError("sglang is hidden")
@@ -487,15 +489,7 @@ def test_plan_json_reports_a_refusal_as_one_json_document(args):
 
 
 # Hides the installed flashinfer (its metadata) from a fresh interpreter, then runs the command.
-WITHOUT_FLASHINFER = """
-import importlib.metadata, sys
-real_version = importlib.metadata.version
-def version(dist):
-    if dist == "flashinfer-python":
-        raise importlib.metadata.PackageNotFoundError(dist)
-    return real_version(dist)
-importlib.metadata.version = version
-from sglang_chunk_align.tools.cli import main
+WITHOUT_FLASHINFER = HIDE_METADATA.replace("DIST", "flashinfer-python") + """from sglang_chunk_align.tools.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 UNMEASURED = "its fa2 kernel facts were not measured"
