@@ -62,7 +62,7 @@ class KernelFacts(NamedTuple):
     # at a head_dim below SHORT_KV_BELOW_HEAD_DIM (not at 256).
     short_kv_tokens: int = 32
     short_kv_below_head_dim: int = 256
-    # (fact, shapes measured, recorded run in this repository), for doctor, probe and the README.
+    # (fact, shapes measured, recorded run in this repository), for doctor, probe and docs/kernel-facts.md.
     evidence: tuple = ()
     # ((head_dim, (GQA groups, ...)), ...): the model shapes the evidence covers on this release.
     # Elsewhere the rules are the same arithmetic, but nothing checked that fa2 follows it there.
@@ -104,15 +104,22 @@ class KernelFacts(NamedTuple):
         return self.short_kv_tokens if known_small else 0
 
     def describe(self):
-        """One line: the release, whether measured, and the grid, for doctor, plan and the log line."""
+        """One line: the release, the facts in force and the grid, for doctor, plan and the log line.
+        Of an unmeasured release it names the facts taken instead; facts_for's WARNING says, once,
+        that the release was not measured."""
         grid = f"chunk starts on {self.grid_rows}-row q-tiles" if self.grid_rows else "chunk starts anywhere"
-        status = "measured" if self.measured else f"NOT measured, the strictest measured facts (run {PROBE_COMMAND})"
-        return f"flashinfer {self.flashinfer} kernel facts, {status}: {grid}"
+        if not self.measured:
+            return f"flashinfer {self.flashinfer}: the strictest measured kernel facts ({_measured_releases()}): {grid}"
+        return f"flashinfer {self.flashinfer} kernel facts, measured: {grid}"
+
+    def headline(self):
+        """describe(), with the shapes the facts were measured at where they were: plan's first line, doctor's."""
+        return f"{self.describe()}; measured at {self.describe_shapes()}" if self.measured else self.describe()
 
     def describe_shapes(self):
-        """The measured shapes in words, for doctor, plan and the README."""
+        """The measured shapes in words, for doctor, plan and docs/kernel-facts.md; None where none were measured."""
         if not self.measured_shapes:
-            return "no model shape (not measured)"
+            return None
         *others, last = [f"{d} (GQA {', '.join(map(str, groups))})" for d, groups in self.measured_shapes]
         return f"head_dim {', '.join(others)} and {last}" if others else f"head_dim {last}"
 
@@ -217,10 +224,13 @@ def facts_for(version):
     name = f"flashinfer {version}" if version else "no flashinfer installed"
     warning = (
         f"sglang-chunk-align: {name}: its fa2 kernel facts were not measured, so the grid rules take "
-        f"the strictest measured ones (flashinfer {', '.join(FACTS)}); run `{PROBE_COMMAND}` on a GPU "
-        "to measure them."
+        f"the strictest measured ones ({_measured_releases()}); run `{PROBE_COMMAND}` on a GPU to measure them."
     )
     return STRICTEST._replace(flashinfer=version or "none"), warning
+
+
+def _measured_releases():
+    return f"flashinfer {' and '.join(FACTS)}"
 
 
 def installed_flashinfer():

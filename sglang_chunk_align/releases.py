@@ -11,7 +11,7 @@ RELEASES = (
     "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",
     "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
 )
-# Releases whose patch points were read and tested (README, "Supported versions").
+# Releases whose patch points were read and tested (docs/supported-versions.md).
 SUPPORTED = ">=0.5.12,<0.5.24"
 
 # First release where stock SGLang refuses a chunk below the alignment at startup

@@ -1,11 +1,13 @@
 """The `sglang-chunk-align` command: `doctor` on the installed SGLang, and `plan`."""
 
+import inspect
 import json
 import os
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from packaging.version import Version
@@ -14,21 +16,25 @@ from sglang_chunk_align import patch_table, patches, releases
 from sglang_chunk_align.alignment import chunk_size_error
 from sglang_chunk_align.compat import RADIX_OPT_IN_NEEDS, installed_version, radix_cache, sglang_at_least
 from sglang_chunk_align.kernel_facts import FACTS, facts_for, installed_facts, installed_flashinfer
+from sglang_chunk_align.harness import standins
 from sglang_chunk_align.harness.standins import scheduler_alignment
+from sglang_chunk_align.tools import fa2, probe
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MODELS = EXAMPLES.parent / "benchmarks" / "models"
-# Hides the installed SGLang from a fresh interpreter (its metadata and its import), and
-# with ray=True makes `ray` look installed, so doctor runs as on a machine without/with them.
-HIDE = """
+# The start of a fresh interpreter's code in which the distribution DIST has no metadata.
+HIDE_METADATA = """
 import importlib.machinery, importlib.metadata, sys
 real_version = importlib.metadata.version
 def version(dist):
-    if dist == "sglang":
+    if dist == "DIST":
         raise importlib.metadata.PackageNotFoundError(dist)
     return real_version(dist)
 importlib.metadata.version = version
-class Hide:
+"""
+# Hides the installed SGLang from a fresh interpreter (its metadata and its import), and
+# with ray=True makes `ray` look installed, so doctor runs as on a machine without/with them.
+HIDE = HIDE_METADATA.replace("DIST", "sglang") + """class Hide:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] == "sglang":
             raise ImportError("sglang is hidden")
@@ -66,7 +72,7 @@ def test_doctor_reports_a_working_install():
     assert report["backends"]["FlashInferAttnBackend"] == 128
     facts = installed_facts()  # SGLang 0.5.23 pins flashinfer 0.7.2 (measured), 0.5.22 0.7.1 (not)
     assert report["kernel_facts"] == {"flashinfer": facts.flashinfer, "measured": facts.measured,
-                                      "summary": facts.describe(), "shapes": facts.describe_shapes()}
+                                      "summary": facts.headline(), "shapes": facts.describe_shapes()}
     assert any("its fa2 kernel facts were not measured" in w for w in report["warnings"]) == (not facts.measured)
     assert report["backends"]["FlashInferMLAAttnBackend"] is None
     assert report["backends"]["TboAttnBackend"] == 128
@@ -98,8 +104,8 @@ def test_doctor_fails_on_an_invalid_environment(fresh_python):
     assert {"  SGLANG_CHUNK_ALIGN_RULES=1", "  SGLANG_CHUNK_ALIGN_RADIX_CACHE unset",
             "  SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED='yes' (invalid)"} <= set(lines[:problem])
     assert (
-        f"  kernel facts         {installed_facts().describe()}; measured at {installed_facts().describe_shapes()}; "
-        "plan --group --head-dim warns on others"
+        f"  kernel facts         {installed_facts().headline()}; plan --group --head-dim warns on others"
+        if installed_facts().measured else f"  kernel facts         {installed_facts().headline()}"
     ) in lines
     assert lines[-1] == "NOT OK: 1 PROBLEM line(s) above"
     assert result.stdout.count("is not valid") == 1
@@ -237,7 +243,7 @@ def test_doctor_lists_the_plugins_sglang_plugins_skips_and_how_to_keep_them(monk
     text = _cli("doctor", SGLANG_PLUGINS="none").stdout.splitlines()
     assert f"  SGLANG_PLUGINS       'none': SGLang loads no plugin; skips {', '.join(_installed_plugins())}; " \
         "no installed plugin is named none" in text
-    stock = [line for line in text if line.startswith("WARNING: SGLANG_PLUGINS='none'")]
+    stock = [line for line in text if line.startswith("PROBLEM: SGLANG_PLUGINS='none'")]
     assert len(stock) == 1 and "chunk_align is among them: SGLang runs stock." in stock[0]
     assert f"To keep them: SGLANG_PLUGINS={','.join(_installed_plugins())} " in stock[0] or len(_installed_plugins()) == 1
     monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
@@ -308,7 +314,7 @@ def test_plan_command_says_which_shapes_the_kernel_facts_of_its_release_cover(fl
     args = ("plan", "--prompt-len", "300", "--chunk", "128", "--flashinfer", flashinfer, *shape)
     text = _cli(*args)
     assert text.returncode == 0, text.stderr
-    assert text.stdout.startswith(f"{facts.describe()}; measured at {facts.describe_shapes()}\n")
+    assert text.stdout.startswith(f"{facts.headline()}\n")
     assert ("WARNING: " in text.stdout) == bool(warned)
     report = json.loads(_cli(*args, "--json").stdout)
     if warned:
@@ -321,9 +327,9 @@ def test_plan_command_says_which_shapes_the_kernel_facts_of_its_release_cover(fl
         assert report["warnings"] == []
 
 
-def test_the_readme_states_each_releases_measured_shapes_as_the_kernel_facts_hold_them():
-    """kernel_facts.py is the one source; the README repeats it, release by release."""
-    readme = " ".join((EXAMPLES.parent / "README.md").read_text().split())
+def test_the_docs_state_each_releases_measured_shapes_as_the_kernel_facts_hold_them():
+    """kernel_facts.py is the one source; docs/kernel-facts.md repeats it, release by release."""
+    readme = " ".join((EXAMPLES.parent / "docs" / "kernel-facts.md").read_text().split())
     for release, facts in FACTS.items():
         assert f"flashinfer {release}: {facts.describe_shapes()}" in readme, release
     assert "not measured yet" not in readme
@@ -458,3 +464,124 @@ def test_launch_server_starts_verifys_reference_as_stock_unchunked_without_radix
     words = result.stdout.split()
     assert words[:2] == ["none", "serve"] and "--enable-deterministic-inference" in words
     assert " --chunked-prefill-size -1 --disable-radix-cache --tp 2" in result.stdout
+
+
+@pytest.mark.parametrize("args", [("plan", "--prompt-len", "200000", "--chunk", "128"),
+                                  ("plan", "--prompt-len", "200000", "--chunk", "128", "--json")])
+def test_a_reader_that_stops_early_ends_the_command_without_a_traceback(args):
+    """`plan ... | head -2`: the listing is larger than a pipe holds, so the command is still writing
+    when the reader closes the pipe; it stops there, quietly, as a command killed by SIGPIPE does."""
+    command = subprocess.Popen([sys.executable, "-m", "sglang_chunk_align.tools.cli", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert command.stdout.readline() and command.stdout.readline()
+    command.stdout.close()
+    stderr = command.stderr.read()
+    assert command.wait() == 141 and stderr == ""
+
+
+@pytest.mark.parametrize("args", [("--prompt-len", "0", "--chunk", "128"), ("--prompt-len", "100", "--chunk", "200")])
+def test_plan_json_reports_a_refusal_as_one_json_document(args):
+    """As verify --json and probe --json: a bad argument or a refused chunk reads {"ok": false, "error": ...}."""
+    result = _cli("plan", *args, "--json")
+    assert result.returncode == 2
+    report = json.loads(result.stdout)
+    assert list(report) == ["ok", "error"] and report["ok"] is False and report["error"] in result.stderr
+
+
+# Hides the installed flashinfer (its metadata) from a fresh interpreter, then runs the command.
+WITHOUT_FLASHINFER = HIDE_METADATA.replace("DIST", "flashinfer-python") + """from sglang_chunk_align.tools.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+UNMEASURED = "its fa2 kernel facts were not measured"
+
+
+@pytest.mark.parametrize("command", [("doctor",), ("plan", "--prompt-len", "300", "--chunk", "128"),
+                                     ("plan", "--prompt-len", "300", "--chunk", "128", "--flashinfer", "9.9.9")])
+def test_an_unmeasured_flashinfer_is_said_once_plainly_with_the_facts_used(command):
+    """Without flashinfer, or with a release nobody measured: one WARNING says it was not measured
+    and which facts are taken instead (0.7.2's and 0.7.4's strictest); no line claims a measurement."""
+    result = subprocess.run([sys.executable, "-c", WITHOUT_FLASHINFER, *command], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    output = result.stdout + result.stderr
+    release = "flashinfer 9.9.9" if "9.9.9" in command else "no flashinfer installed"
+    assert output.count(UNMEASURED) == 1 and f"{release}: {UNMEASURED}, so the grid rules take the strictest " \
+        "measured ones (flashinfer 0.7.2 and 0.7.4)" in output
+    facts_line = next(line for line in result.stdout.splitlines() if "kernel facts" in line and UNMEASURED not in line)
+    assert facts_line.endswith("the strictest measured kernel facts (flashinfer 0.7.2 and 0.7.4): chunk starts on "
+                               "128-row q-tiles")
+    assert "measured at" not in output and "NOT measured" not in output and "not measured)" not in output
+
+
+@pytest.mark.parametrize("value", ["chunkalign", "smg-zmq"])
+def test_doctor_fails_where_sglang_plugins_keeps_the_plugin_from_loading(value):
+    """A value that skips chunk_align (a typo, `none`, another plugin alone) is a problem: SGLang
+    would run stock. Text and JSON say so, and the status is 1."""
+    text = _cli("doctor", SGLANG_PLUGINS=value)
+    assert text.returncode == 1
+    assert any(line.startswith(f"PROBLEM: SGLANG_PLUGINS={value!r} makes SGLang skip") and
+               "chunk_align is among them: SGLang runs stock." in line for line in text.stdout.splitlines())
+    assert text.stdout.splitlines()[-1].startswith("NOT OK")
+    report = json.loads(_cli("doctor", "--json", SGLANG_PLUGINS=value).stdout)
+    assert report["ok"] is False and any("chunk_align is among them" in p for p in report["problems"])
+
+
+def _schedulers_workspace_refusal(chunk, longest_prompt):
+    """What the real Scheduler's startup steps say of `chunk` on a deterministic flashinfer backend
+    planned as Granite-3.1-8B on one GPU (32 q / 8 KV heads, head_dim 128, SGLang's 2 GiB workspace):
+    None where it starts, else its message."""
+    workspace = SimpleNamespace(numel=lambda: fa2.DETERMINISTIC_WORKSPACE_BYTES, element_size=lambda: 1)
+    backend = lambda: standins.flashinfer_backend(planned=(32, 8, 128), workspace_buffer=workspace)  # noqa: E731
+    try:
+        scheduler_alignment(backend, chunk=chunk, state={"max_req_input_len": longest_prompt})
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("chunk, context", [(4096, None), (4096, 126982), (4096, 126983), (1024, None), (-1, 20000),
+                                            (-1, 30000)])
+def test_plan_refuses_exactly_the_chunks_the_scheduler_refuses_at_the_models_context(plugin, chunk, context):
+    """The workspace check: at Granite-3.1-8B's context (131072 from its config.json, or --context-length),
+    plan accepts a chunk where the scheduler starts and refuses it, with the scheduler's message, where
+    the scheduler refuses it. SGLang admits prompts of context - 6 tokens (test_the_longest_prompt_plan_admits_is_sglangs)."""
+    longest = (context or 131072) - 6
+    expected = _schedulers_workspace_refusal(chunk, longest)
+    given = ("--context-length", str(context)) if context else ()
+    result = _cli("plan", "--prompt-len", "1000", "--chunk", str(chunk), "--model-path", str(MODELS / "granite-3.1-8b"),
+                  *given)
+    assert result.returncode == (2 if expected else 0), result.stderr
+    if expected:
+        said = f"--context-length {context}" if context else "--context-length 131072 (the model's, from its config.json)"
+        assert f"plan: error: at {said}: {expected}" in result.stderr
+    assert (chunk, context, bool(expected)) in {(4096, None, True), (4096, 126982, False), (4096, 126983, True),
+                                                (1024, None, False), (-1, 20000, False), (-1, 30000, True)}
+
+
+def test_the_longest_prompt_plan_admits_is_sglangs():
+    """plan's bound on a prompt (context - 6) is SGLang's TpModelWorker's max_req_input_len, read
+    from the installed wheel's source; --prompt-len above it is refused naming the context."""
+    from sglang.srt.managers import tp_worker
+
+    source = " ".join(inspect.getsource(tp_worker).split())
+    assert "max_req_len = min( self.model_config.context_len - 1," in source
+    assert "max_req_input_len = max_req_len - 5" in source
+    args = ("plan", "--chunk", "256", "--model-path", str(MODELS / "gemma-2b"))
+    assert _cli(*args, "--prompt-len", "8186").returncode == 0
+    refused = _cli(*args, "--prompt-len", "8187")
+    assert refused.returncode == 2 and ("--prompt-len 8187 is longer than the 8186 tokens a server at --context-length "
+                                        "8192 (the model's, from its config.json) admits") in refused.stderr
+    without_model = _cli("plan", "--prompt-len", "100", "--chunk", "256", "--context-length", "4096")
+    assert without_model.returncode == 2 and "--context-length needs --model-path" in without_model.stderr
+
+
+@pytest.mark.parametrize("config", [
+    *[json.loads((MODELS / name / "config.json").read_text()) for name in ("granite-3.1-8b", "gemma-2b", "qwen3-8b")],
+    {"max_position_embeddings": 32768, "rope_scaling": {"type": "yarn", "factor": 4.0}},
+    {"max_position_embeddings": 8192, "rope_scaling": {"factor": 8.0, "original_max_position_embeddings": 8192}},
+    {"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+    {"seq_length": 4096, "max_position_embeddings": 32768}, {"hidden_size": 64},
+])
+def test_plans_context_length_is_sglangs(config):
+    from sglang.srt.utils.hf_transformers.common import get_context_length
+
+    assert probe.context_length(config) == get_context_length(SimpleNamespace(**config))

@@ -314,7 +314,7 @@ if __name__ == "__main__":
 
 
 def test_a_scheduler_process_an_engine_spawns_loads_the_plugin_itself(tmp_path):
-    """Why an sglang.Engine inside a Ray actor gets the plugin (README, "Ray"): its schedulers are
+    """Why an sglang.Engine inside a Ray actor gets the plugin (docs/loading.md, "Ray"): its schedulers are
     processes that load it through the entry point, before they read their arguments, whatever the
     process that spawned them did. The spawning process here never loads plugins."""
     from sglang.srt.entrypoints.engine import Engine

@@ -120,6 +120,16 @@ def test_without_a_gpu_it_exits_2_with_one_line(command):
     assert run.stderr.count("\n") == 1 and "cannot measure here" in run.stderr
 
 
+@pytest.mark.parametrize("command", [["sglang_chunk_align.tools.probe"], ["sglang_chunk_align.tools.cli", "probe"]])
+@pytest.mark.parametrize("args", [[], ["--group", "0"]])
+def test_with_json_a_failure_is_one_json_document_on_stdout(command, args):
+    """As verify --json: no GPU here (exit 2) or a bad argument reads {"ok": false, "error": ...}."""
+    run = subprocess.run([sys.executable, "-m", *command, *args, "--json"], capture_output=True, text=True)
+    assert run.returncode == 2
+    report = json.loads(run.stdout)
+    assert list(report) == ["ok", "error"] and report["ok"] is False and report["error"] in run.stderr
+
+
 @pytest.mark.parametrize("prog", [["sglang_chunk_align.tools.probe"], ["sglang_chunk_align.tools.cli", "probe"]])
 @pytest.mark.parametrize(
     "args, bad",

@@ -198,7 +198,7 @@ def test_every_release_point_fits_the_release(release):
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_every_release_loads_plugins_first_in_each_scheduler_process(release):
-    """Why an sglang.Engine inside a Ray actor runs the plugin on every release (README, "Ray"): the
+    """Why an sglang.Engine inside a Ray actor runs the plugin on every release (docs/loading.md, "Ray"): the
     Engine starts each scheduler process with run_scheduler_process (run_scheduler_process_func),
     whose first statement is SGLang's load_plugins(). tests/test_loading.py runs it on the installed one."""
     wheel = release_wheel(release)

@@ -63,7 +63,7 @@ class StandIn(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
     def __init__(self, perturb=None, radix=True, skip_tokenizer_init=False, drop_after=None,
-                 busy_flushes=0, flush_ignored=False, delay=0.0):
+                 busy_flushes=0, flush_ignored=False, delay=0.0, flush_missing=False):
         super().__init__(("127.0.0.1", 0), Handler)
         self.perturb = perturb or (lambda request: None)  # Request -> (where, index) or None
         self.radix = radix
@@ -71,6 +71,7 @@ class StandIn(ThreadingHTTPServer):
         self.drop_after = drop_after
         self.busy_flushes = busy_flushes
         self.flush_ignored = flush_ignored
+        self.flush_missing = flush_missing  # /flush_cache answers 404 with an HTML page
         self.delay = delay
         self.lock = threading.Lock()
         self.cache = []  # token sequences whose KV is kept
@@ -171,6 +172,8 @@ class Handler(BaseHTTPRequestHandler):
         server = self.server
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         path = urllib.parse.urlsplit(self.path).path
+        if path == "/flush_cache" and server.flush_missing:
+            return self._send(404, b"<html><head><title>Not Found</title></head><body>nothing</body></html>", "text/html")
         if path == "/flush_cache":
             status, reply = server.flush()
             return self._send(status, reply.encode(), "text/plain")
@@ -676,3 +679,50 @@ def test_recorded_answers_of_another_run_are_refused(capsys, standin, tmp_path):
 def test_a_recorded_file_that_is_missing_is_one_line(capsys, standin, tmp_path):
     code, out, err = run_verify(capsys, "--server", standin().url, "--recorded", str(tmp_path / "none.json"), *FAST, *IDS)
     assert code == 2 and out == "" and err.count("\n") == 1 and "--recorded" in err and "No such file" in err
+
+
+@pytest.mark.parametrize("bad", ["no folder", "a folder"])
+def test_a_bad_baseline_cache_path_is_refused_before_any_server_is_asked(capsys, standin, tmp_path, bad):
+    """Exit 2 with the path named, no traceback, nothing sent, and nothing (FILE.lock) left behind."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    path = str(folder / "no" / "x.json") if bad == "no folder" else str(folder)
+    server = standin()
+    with pytest.raises(SystemExit) as exit:
+        main(["verify", "--server", server.url, "--baseline-cache", path, *FAST, *IDS])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"sglang-chunk-align verify: error: argument --baseline-cache: '{path}'" in err
+    assert ("is a directory" if bad == "a folder" else f"there is no directory '{folder / 'no'}'") in err
+    assert (server.gets, server.flushes, server.bodies) == ([], 0, [])
+    assert list(tmp_path.iterdir()) == [folder] and list(folder.iterdir()) == []
+
+
+def test_a_server_that_is_not_sglang_is_named_at_once_without_its_html(tmp_path):
+    """A plain HTTP server (python -m http.server) answers /get_model_info with a 404 page: verify
+    says it is not SGLang, names the endpoint, prints no HTML and does not retry."""
+    import functools
+    from http.server import SimpleHTTPRequestHandler
+
+    plain = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path)))
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{plain.server_address[1]}"
+    try:
+        started = time.monotonic()
+        result = _python("verify", "--server", url, "--prompts", "1")
+        took = time.monotonic() - started
+    finally:
+        plain.shutdown()
+        plain.server_close()
+    assert result.returncode == 2 and result.stdout == "" and took < verify.FLUSH_WAIT_S / 3
+    assert result.stderr.startswith(f"sglang-chunk-align verify: server {url}/get_model_info: not an SGLang server (HTTP 404")
+    assert len(result.stderr.splitlines()) == 1 and "<" not in result.stderr
+
+
+def test_a_flush_that_sglang_would_not_answer_is_final_not_retried(capsys, standin):
+    """Only SGLang's busy answer (400) is retried; a 404 page is named at once, as an HTML page."""
+    server = standin(flush_missing=True)
+    started = time.monotonic()
+    code, out, err = run_verify(capsys, "--server", server.url, *FAST, *IDS)
+    assert (code, out) == (2, "") and time.monotonic() - started < verify.FLUSH_WAIT_S / 3
+    assert err == (f"sglang-chunk-align verify: {server.url}/flush_cache: HTTP 404: an HTML page titled 'Not Found'\n")

@@ -128,9 +128,10 @@ def scheduler(server_args, attn_backend, **state):
     from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.managers.scheduler import Scheduler
 
+    chunk = server_args.chunked_prefill_size
     read_by_alignment_steps = {
         "server_args": server_args,
-        "chunked_prefill_size": server_args.chunked_prefill_size,  # as init_chunked_prefill reads it
+        "chunked_prefill_size": chunk if chunk is not None and chunk > 0 else None,  # as init_chunked_prefill sets it
         "model_config": SimpleNamespace(hf_config=transformers.LlamaConfig()),
         "tp_worker": SimpleNamespace(model_runner=SimpleNamespace(attn_backend=attn_backend)),
         "disaggregation_mode": DisaggregationMode.NULL,

@@ -1,10 +1,11 @@
-"""argparse types the commands share (plan, verify, probe).
+"""argparse types and error reporting the commands share (plan, verify, probe, doctor).
 
 Standard library only: `python -m sglang_chunk_align.tools.probe` runs on a GPU
 machine where only torch and flashinfer are installed.
 """
 
 import argparse
+import json
 
 
 def at_least(lowest, highest=None):
@@ -22,3 +23,15 @@ def at_least(lowest, highest=None):
         return value
 
     return parse
+
+
+def report_errors_as_json(*parsers):
+    """With --json, a bad argument (argparse's exit 2) is also a JSON report on stdout, as a
+    failure to run is, so a script reading the report reads every outcome."""
+    for parser in parsers:
+
+        def error(message, usage_error=parser.error):
+            print(json.dumps({"ok": False, "error": message}))
+            usage_error(message)
+
+        parser.error = error

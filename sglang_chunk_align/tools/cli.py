@@ -16,18 +16,20 @@ import importlib.util
 import json
 import os
 import pkgutil
+import signal
 import sys
 from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
 
 from .. import backends, patch_table, patches, releases
-from . import probe, verify
+from . import fa2, probe, verify
 from ..harness import standins
-from .arguments import at_least
+from ..workspace import Planned
+from .arguments import at_least, report_errors_as_json
 from ..planning import Rules, plan
 from ..alignment import chunk_size_error
-from ..kernel_facts import facts_for, installed_facts, installed_flashinfer
+from ..kernel_facts import chosen, facts_for, installed_flashinfer
 from ..compat import (
     RADIX_OPT_IN_NEEDS,
     RULES_ENV,
@@ -48,6 +50,9 @@ RULES_OFF = f"off ({RULES_ENV}=0)"
 # plan lists every chunk: 10M tokens is 78,125 chunks of 128 (about 2 s of CPU), as long as the longest
 # contexts models offer. Without a bound a typo such as 10**12 hangs it, growing memory.
 MAX_PLAN_PROMPT_LEN = 10_000_000
+# SGLang's TpModelWorker admits prompts of max_req_input_len = min(context_len - 1, KV pool - 1) - 5
+# tokens: at most this many fewer than the context length.
+PROMPT_BELOW_CONTEXT = 6
 # Where each scheduler takes its grid from (backends.flashinfer_declaration); its log line names the grid.
 GRID_SOURCE = (
     "{grid}, the group and head_dim read at scheduler start from "
@@ -56,7 +61,7 @@ GRID_SOURCE = (
 )
 # SGLang's entry-point group for general plugins (sglang.srt.plugins.GENERAL_PLUGINS_GROUP).
 PLUGINS_GROUP = "sglang.srt.plugins"
-# SGLang's Ray scheduler actors never call load_plugins() (README, "Use it on a GPU server").
+# SGLang's Ray scheduler actors never call load_plugins() (docs/loading.md, "Ray").
 RAY_WARNING = (
     "Ray is installed: SGLang's Ray scheduler actors (--use-ray, RayEngine) never load plugins, so "
     "deterministic flashinfer refuses to start on them while chunk_align is loaded. An sglang.Engine "
@@ -65,6 +70,20 @@ RAY_WARNING = (
 
 
 def main(argv=None):
+    """The command's exit status. A reader that stops early (`plan ... | head`) ends it quietly, as
+    it ends other commands, with no traceback: every command prints on stdout."""
+    try:
+        status = _run(argv)
+        sys.stdout.flush()  # here, inside the try: a closed pipe fails now rather than at exit
+        return status
+    except BrokenPipeError:
+        # Python's recipe (the signal module's "Note on SIGPIPE"): stdout on devnull, so the
+        # interpreter's last flush cannot fail again; the status of a command killed by SIGPIPE.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _run(argv):
     parser = argparse.ArgumentParser(prog="sglang-chunk-align")
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed_release('sglang-chunk-align')}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -100,6 +119,13 @@ def main(argv=None):
         "(num_attention_heads / num_key_value_heads, head_dim)",
     )
     planner.add_argument(
+        "--context-length", type=at_least(PROMPT_BELOW_CONTEXT + 1),
+        help="with --model-path: the server's --context-length (default: the model's, from its config.json as "
+        "SGLang reads it). The scheduler refuses at startup a chunk whose worst step at the longest prompt this "
+        "admits outgrows SGLang's deterministic fa2 workspace, with the model's heads on one GPU; plan refuses "
+        "it the same way",
+    )
+    planner.add_argument(
         "--flashinfer", metavar="VERSION", type=_flashinfer_release,
         help="the flashinfer release whose kernel facts to plan with "
         f"(default: the installed one, {installed_flashinfer() or 'none installed'})",
@@ -109,8 +135,8 @@ def main(argv=None):
     prober = commands.add_parser("probe", help="measure the installed flashinfer's fa2 kernel facts on this GPU")
     probe.add_arguments(prober)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["verify"] and "--json" in argv:
-        verify.report_errors_as_json(parser, verifier)
+    if "--json" in argv:
+        report_errors_as_json(parser, *commands.choices.values())
     args = parser.parse_args(argv)
     if args.command == "plan":
         return run_plan(planner, args)
@@ -161,6 +187,7 @@ def run_plan(planner, args):
     error = chunk_size_error(args.chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail)
     if error:
         planner.error(f"argument --chunk: {error}")
+    _check_workspace(planner, args, head_dim, facts)
     schedules = {
         "upstream length alignment": plan(args.prompt_len, args.cached, args.chunk, rules, aligned=False),
         "sglang-chunk-align": plan(args.prompt_len, args.cached, args.chunk, rules),
@@ -172,7 +199,7 @@ def run_plan(planner, args):
             indent=2,
         ))
     else:
-        print(f"{facts.describe()}; measured at {facts.describe_shapes()}")
+        print(facts.headline())
         for warning in warnings:
             print(f"WARNING: {warning}")
         if args.chunk is None:
@@ -183,6 +210,29 @@ def run_plan(planner, args):
             for c in chunks:
                 print(f"  [{c.start:>6}, {c.end:>6})  tile {c.tile}  {'; '.join(c.hazards) or 'ok'}")
     return 0
+
+
+def _check_workspace(planner, args, head_dim, facts):
+    """The scheduler's startup check that the worst chunk step fits the deterministic fa2 workspace
+    (workspace.Planned.refusal, the same call), for --model-path's heads at the longest prompt a
+    server at --context-length admits; that prompt length bounds --prompt-len too. It needs the
+    model's heads: without --model-path there is nothing to check."""
+    if args.model_path is None:
+        if args.context_length is not None:
+            planner.error("--context-length needs --model-path: the workspace check needs the model's heads")
+        return
+    config = probe.read_config(args.model_path)  # model_shape has read it: it is there and valid
+    context = args.context_length or probe.context_length(config)
+    said = f"--context-length {context}" + ("" if args.context_length else " (the model's, from its config.json)")
+    longest = context - PROMPT_BELOW_CONTEXT
+    if args.prompt_len > longest:
+        planner.error(f"--prompt-len {args.prompt_len} is longer than the {longest} tokens a server at {said} admits")
+    heads = config["num_attention_heads"]
+    planned = Planned(heads, config.get("num_key_value_heads") or heads, head_dim, fa2.PREFILL_SPLIT,
+                      fa2.DETERMINISTIC_WORKSPACE_BYTES)
+    refusal = planned.refusal(args.chunk, longest, facts.cta_tile)
+    if refusal:
+        planner.error(f"at {said}: {refusal}")
 
 
 def run_doctor():
@@ -202,8 +252,9 @@ def run_doctor():
         "patch_points": [],
         "backends": {},
     }
-    if report["plugins"]["skipped"]:
-        report["warnings"].append(skipped_plugins_warning(report["plugins"]))
+    if report["plugins"]["skipped"]:  # a value that keeps the plugin itself from loading is a problem
+        stock = "chunk_align" in report["plugins"]["skipped"]
+        report["problems" if stock else "warnings"].append(skipped_plugins_warning(report["plugins"]))
     if version is None:  # said whatever else is wrong: a bad switch would hide it below
         report["problems"].append(str(sglang_missing()))
     applied = contextlib.nullcontext()  # apply() would refuse for the reason found first
@@ -217,14 +268,16 @@ def run_doctor():
             applied = _plugin_applied(report)
     except ChunkAlignError as error:
         report["problems"].append(str(error))
-    facts = installed_facts()
+    # facts_for, not installed_facts: that logs the WARNING for an unmeasured release, which the
+    # report says once. The plugin's code reads the same facts through chosen().
+    facts, warning = facts_for(installed_flashinfer())
     report["kernel_facts"] = {"flashinfer": facts.flashinfer, "measured": facts.measured,
-                              "summary": facts.describe(), "shapes": facts.describe_shapes()}
-    if not facts.measured:
-        report["warnings"].append(facts_for(installed_flashinfer())[1])
-    with applied:
+                              "summary": facts.headline(), "shapes": facts.describe_shapes()}
+    if warning:
+        report["warnings"].append(warning)
+    with chosen(facts), applied:
         if version is not None:
-            _check_release(report, version)
+            _check_release(report, version, facts)
     report["ok"] = not report["problems"]
     return report
 
@@ -278,8 +331,9 @@ def _plugin_applied(report):
         patches.remove()
 
 
-def _check_release(report, version):
-    """Each patch point's status and what the backends declare, on the installed release."""
+def _check_release(report, version, facts):
+    """Each patch point's status and what the backends declare, on the installed release, with
+    the installed flashinfer's kernel `facts`."""
     rules_off = report["switches"].get(RULES_ENV) == 0
     applied = patches.installed_names()
     release = patches.release_points(patch_table, version)
@@ -300,14 +354,14 @@ def _check_release(report, version):
     else:
         radix = "" if sglang_at_least(releases.RADIX_OPT_IN) else f"; {RADIX_OPT_IN_NEEDS}"
         report["grid_rules"] = RULES_OFF if rules_off else f"available{radix}"
-        rows = installed_facts().grid_rows
+        rows = facts.grid_rows
         report["grid"] = None if rules_off else GRID_SOURCE.format(
             grid=f"{rows}/gcd({rows}, GQA group) tokens" if rows else "the KV page (chunk starts anywhere)",
             fallback=f"{rows} tokens" if rows else "the page",
         )
     if applied:
         report["backends"] = declared_alignments()
-        expected = installed_facts().chunk_align
+        expected = facts.chunk_align
         if report["backends"].get("FlashInferAttnBackend") != expected:
             report["problems"].append(
                 f"FlashInferAttnBackend does not declare {expected} under deterministic inference"
@@ -360,7 +414,8 @@ def format_doctor(report):
     if report["radix_cache"]:
         lines.append(f"  radix cache          under deterministic flashinfer: {report['radix_cache']}")
     facts = report["kernel_facts"]
-    lines.append(f"  kernel facts         {facts['summary']}; measured at {facts['shapes']}; plan --group --head-dim warns on others")
+    others = "; plan --group --head-dim warns on others" if facts["measured"] else ""
+    lines.append(f"  kernel facts         {facts['summary']}{others}")
     lines += [f"PROBLEM: {p}" for p in report["problems"]]
     if report["versions"]["sglang"] is None:
         lines.append("patch points: not checked (SGLang not installed)")

@@ -27,7 +27,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from . import fa2
-from .arguments import at_least
+from .arguments import at_least, report_errors_as_json
 from ..kernel_facts import facts_for, installed_flashinfer
 
 SEED = 20261129
@@ -286,14 +286,34 @@ def environment():
             "gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda}
 
 
+# The keys SGLang's get_context_length (sglang/srt/utils/hf_transformers/common.py) reads, in its order.
+CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+def read_config(path):
+    """The config.json of the model folder `path`: its text_config where it has one, as SGLang reads
+    a multimodal model's (hf_text_config)."""
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    return config.get("text_config", config)
+
+
+def context_length(config):
+    """A model's context length as SGLang derives it from its config (get_context_length): the
+    first of CONTEXT_LENGTH_KEYS it has (2048 without one), times rope_scaling's factor unless the
+    scaling names original_max_position_embeddings or is llama3's."""
+    scaling = config.get("rope_scaling") or {}
+    keeps = "original_max_position_embeddings" in scaling or scaling.get("rope_type") == "llama3"
+    length = next((config[key] for key in CONTEXT_LENGTH_KEYS if config.get(key) is not None), 2048)
+    return int((1 if keeps else scaling.get("factor", 1)) * length)
+
+
 def model_shape(path):
     """(GQA group, head_dims, what config.json says) of the model folder `path`: attention heads
     per KV head before tensor parallelism, and every head_dim it uses (global_head_dim too).
     Raises ValueError naming what is missing or wrong."""
     try:
-        with open(os.path.join(path, "config.json")) as f:
-            config = json.load(f)
-        config = config.get("text_config", config)
+        config = read_config(path)
         heads = config["num_attention_heads"]
         kv_heads = config.get("num_key_value_heads") or heads
         head_dims = {config.get("head_dim") or config["hidden_size"] // heads, config.get("global_head_dim")} - {None}
@@ -333,6 +353,8 @@ def main(parser, args):
     reason = why_not_measurable()
     if reason:
         print(f"sglang-chunk-align probe: cannot measure here: {reason}", file=sys.stderr)
+        if args.json:  # one JSON document on every outcome, as verify --json
+            print(json.dumps({"ok": False, "error": f"cannot measure here: {reason}"}))
         return CANNOT_MEASURE
     facts, warning = facts_for(installed_flashinfer())
     if warning:
@@ -341,8 +363,8 @@ def main(parser, args):
     for results in run_probe(groups or DEFAULT_GROUPS, head_dims or DEFAULT_HEAD_DIMS, decode=not args.no_decode):
         checked += verdicts(facts, results)
         _, status = summary(facts, checked)
-        report = {"environment": environment(), "facts": facts.flashinfer, "facts_measured": facts.measured,
-                  "holds": status == HOLD, "results": checked}
+        report = {"ok": status == HOLD, "environment": environment(), "facts": facts.flashinfer,
+                  "facts_measured": facts.measured, "holds": status == HOLD, "results": checked}
         if args.out:  # after every shape, so a run cut short keeps what it measured
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
@@ -366,4 +388,6 @@ if __name__ == "__main__":  # python -m sglang_chunk_align.tools.probe: no CLI i
 
     cli = argparse.ArgumentParser(prog="sglang-chunk-align probe")
     add_arguments(cli)
+    if "--json" in sys.argv:
+        report_errors_as_json(cli)
     sys.exit(main(cli, cli.parse_args()))

@@ -59,8 +59,9 @@ infinite on the server) compares equal unchecked: both fail too. The baseline
 and the passes flush the servers' caches, so run verify where nobody else
 sends them requests.
 
-Before anything is sent, both servers must answer HTTP (GET /get_model_info,
-which changes nothing on them); where neither does, the error names both.
+Before anything is sent, both servers must answer as SGLang does (GET
+/get_model_info, which changes nothing on them, answered with SGLang's model
+info); where neither does, the error names both.
 
 Exit status: 0 when every request is identical, 1 on any difference or
 problem, 2 when a server cannot be reached or answers badly, or an argument is
@@ -90,6 +91,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -98,6 +100,7 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from http import HTTPStatus
 
 from ..alignment import PREFILL_Q_TILE_TOKENS
 from .arguments import at_least
@@ -146,7 +149,7 @@ def add_parser(commands):
     verifier.add_argument("--vocab-size", type=at_least(1), help="with --input-ids: the model's vocab_size; ids are drawn below it")
     verifier.add_argument("--no-radix", action="store_true", help="the server runs without a radix cache: chat need not hit it")
     verifier.add_argument(
-        "--baseline-cache", metavar="FILE",
+        "--baseline-cache", metavar="FILE", type=_file_to_write,
         help="reuse cold answers recorded in FILE (JSON) by earlier runs against the same baseline server, "
         "and record new ones there; runs in parallel take turns at the baseline",
     )
@@ -169,6 +172,19 @@ def _url(text):
     return text.rstrip("/")
 
 
+def _file_to_write(text):
+    """An argparse type: a file path whose folder exists, not a folder itself, so a bad path is
+    refused before any server is asked (the file is written after both passes), and nothing (no
+    FILE.lock) is left beside it."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory: give a file in it, such as "
+                                         f"{os.path.join(text, 'baseline.json')!r}")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{text!r}: there is no directory {folder!r}")
+    return text
+
+
 def _seconds(text):
     """An argparse type: a positive, finite number of seconds."""
     try:
@@ -178,18 +194,6 @@ def _seconds(text):
     if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return value
-
-
-def report_errors_as_json(*parsers):
-    """With --json, a bad argument (argparse's exit 2) is also a JSON report on stdout, as a
-    failure to run is (run), so a script reading the report reads every outcome."""
-    for parser in parsers:
-
-        def error(message, usage_error=parser.error):
-            print(json.dumps({"ok": False, "error": message}))
-            usage_error(message)
-
-        parser.error = error
 
 
 def run(verifier, args):
@@ -384,7 +388,7 @@ class Recorded:
 
 
 def check_reachable(servers):
-    """Raise one ServerError naming every server ({role: Server}) that does not answer HTTP at all."""
+    """Raise one ServerError naming every server ({role: Server}) that does not answer as SGLang."""
     unreachable = []
     for role, server in servers.items():
         try:
@@ -433,20 +437,29 @@ class Server:
             ) from None
 
     def flush(self):
-        """Empty the radix cache. SGLang refuses while requests run; 0.5.23 waits up to ?timeout for idle."""
+        """Empty the radix cache. SGLang refuses while requests run (HTTP 400, retried); 0.5.23
+        waits up to ?timeout for idle. Any other answer is final."""
         deadline = time.monotonic() + FLUSH_WAIT_S
         while True:
             status, reply = self._request(f"/flush_cache?timeout={min(FLUSH_WAIT_S, self.timeout / 2)}", b"")
             if status == 200:
                 return
-            if time.monotonic() > deadline:
+            if status != HTTPStatus.BAD_REQUEST or time.monotonic() > deadline:
                 raise ServerError(f"{self.url}/flush_cache: HTTP {status}: {_error_text(reply)}")
             time.sleep(0.2)
 
     def reach(self):
-        """Raise ServerError unless the server answers HTTP; any status will do. /get_model_info
-        (every SGLang release has it) changes nothing: /health would run a generate request."""
-        self._request("/get_model_info", None)
+        """Raise ServerError unless the server answers as SGLang: its model info, a JSON object
+        with a model_path, from /get_model_info (every SGLang release has it), which changes nothing
+        (/health would run a generate request)."""
+        status, reply = self._request("/get_model_info", None)
+        try:
+            sglang = status == 200 and "model_path" in json.loads(reply)
+        except (ValueError, TypeError):
+            sglang = False
+        if not sglang:
+            raise ServerError(f"{self.url}/get_model_info: not an SGLang server (HTTP {status}, not SGLang's "
+                              f"model info: {_error_text(reply)})")
 
     def _request(self, path, data):
         """(status, body) of a POST of `data`, or a GET where `data` is None."""
@@ -462,8 +475,11 @@ class Server:
 
 
 def _error_text(reply):
-    """SGLang's error message from a reply body, on one line."""
+    """SGLang's error message from a reply body, on one line; an HTML page (not SGLang's) by its title."""
     text = reply.decode(errors="replace")
+    if text.lstrip().startswith("<"):
+        title = re.search(r"<title>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+        return "an HTML page" + (f" titled {' '.join(title.group(1).split())!r}" if title else "")
     try:
         reply = json.loads(text)
         message = reply.get("error") or reply["detail"]  # SGLang's errors, FastAPI's HTTPException
