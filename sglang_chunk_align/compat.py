@@ -20,7 +20,8 @@ RULES_ENV = "SGLANG_CHUNK_ALIGN_RULES"
 # The radix cache under deterministic flashinfer (radix_cache): unset, on where the grid rules make
 # it exact; 0, off as stock keeps it; 1, on, refused where it cannot be exact.
 RADIX_CACHE_ENV = "SGLANG_CHUNK_ALIGN_RADIX_CACHE"
-# Set to 0 to keep stock's prefill-first order: decoding requests wait behind every queued chunk.
+# Set to 1 to bound how long decoding requests wait behind prefill chunks (decode_wait.py); unset or 0
+# keeps stock's prefill-first order, where they wait behind every queued chunk.
 DECODE_WAIT_ENV = "SGLANG_CHUNK_ALIGN_DECODE_WAIT"
 # Where the grid rules run but do not reach radix hits and the tree (scheduler start, doctor).
 RADIX_OPT_IN_NEEDS = (
@@ -30,7 +31,7 @@ RADIX_OPT_IN_NEEDS = (
 # Why the grid rules cannot make radix hits exact with a mamba prefix cache.
 MAMBA_NEEDS = "a prefix rounded to the grid would need a mamba state there"
 # The environment switches and their defaults (README, "Switches"); None: unset is a third value.
-SWITCHES = {RULES_ENV: True, RADIX_CACHE_ENV: None, DECODE_WAIT_ENV: True, ALLOW_UNTESTED_ENV: False}
+SWITCHES = {RULES_ENV: True, RADIX_CACHE_ENV: None, DECODE_WAIT_ENV: False, ALLOW_UNTESTED_ENV: False}
 
 
 class ChunkAlignError(RuntimeError):

@@ -16,7 +16,7 @@ from . import decode_wait, prefill_hooks, releases
 from .alignment import chunk_size_error
 from .backends import NOTHING, facts_needed, planned_prefill
 from .compat import (
-    DECODE_WAIT_ENV, RULES_ENV, check_switches, env_flag, installed_version, radix_cache, sglang_at_least,
+    DECODE_WAIT_ENV, RULES_ENV, SWITCHES, check_switches, env_flag, installed_version, radix_cache, sglang_at_least,
 )
 from .planning import Rules
 
@@ -133,8 +133,8 @@ def _decode_wait(scheduler):
     """Whether decoding requests wait at most decode_wait.DECODE_WAIT_S behind prefill chunks here,
     and the startup line's words for it."""
     interval = getattr(scheduler, "prefill_decode_interval", 0)
-    if not env_flag(DECODE_WAIT_ENV, True):
-        return None, f"decode waits behind every queued chunk ({DECODE_WAIT_ENV}=0, stock's order)"
+    if not env_flag(DECODE_WAIT_ENV, SWITCHES[DECODE_WAIT_ENV]):
+        return None, f"decode waits behind every queued chunk (stock's order; {DECODE_WAIT_ENV}=1 bounds the wait)"
     if interval:
         return None, f"decode waits as --prefill-decode-interval {interval} says (SGLang's own interval)"
     if not sglang_at_least(releases.DECODE_WAIT):

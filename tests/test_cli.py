@@ -77,7 +77,7 @@ def test_doctor_reports_a_working_install():
     assert report["backends"]["FlashInferMLAAttnBackend"] is None
     assert report["backends"]["TboAttnBackend"] == 128
     assert report["switches"] == {
-        "SGLANG_CHUNK_ALIGN_RULES": 1, "SGLANG_CHUNK_ALIGN_RADIX_CACHE": None, "SGLANG_CHUNK_ALIGN_DECODE_WAIT": 1,
+        "SGLANG_CHUNK_ALIGN_RULES": 1, "SGLANG_CHUNK_ALIGN_RADIX_CACHE": None, "SGLANG_CHUNK_ALIGN_DECODE_WAIT": 0,
         "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED": 0,
     }
     mamba = ("; for a mamba model: off, as stock (a mamba prefix cache: a prefix rounded to the grid would need a "
@@ -151,6 +151,19 @@ def test_doctor_shows_the_radix_cache_decision_next_to_the_switches():
     assert switch < plugins and lines[plugins + 1] == (
         "  radix cache          under deterministic flashinfer: off, as stock (SGLANG_CHUNK_ALIGN_RADIX_CACHE=0)"
     )
+
+
+@pytest.mark.parametrize("switch, says", [
+    (None, "off, stock's prefill-first order; SGLANG_CHUNK_ALIGN_DECODE_WAIT=1 bounds decoding requests' wait at "
+           "100 ms. Not the default: on Granite-3.1-8B's shape (H200) it cost 3.8% of RL rollout throughput"),
+    ("1", "on (SGLANG_CHUNK_ALIGN_DECODE_WAIT=1): decoding requests wait at most 100 ms behind prefill chunks"),
+])
+def test_doctor_says_whether_decode_waits_and_why_the_bound_is_not_the_default(switch, says):
+    result = _cli("doctor", "--json", **({} if switch is None else {"SGLANG_CHUNK_ALIGN_DECODE_WAIT": switch}))
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert json.loads(result.stdout)["decode_wait"].startswith(says)
+    lines = _cli("doctor", **({} if switch is None else {"SGLANG_CHUNK_ALIGN_DECODE_WAIT": switch})).stdout.splitlines()
+    assert f"  decode wait          {says}" in "\n".join(lines)
 
 
 def test_radix_refusals_are_in_the_schedulers_order():

@@ -118,11 +118,11 @@ def test_remove_clears_the_wait_and_restores_stock():
 @pytest.mark.parametrize(
     "switch, interval, mlp_sync, active, words",
     [
-        (None, 0, False, True, "decode waits at most 100 ms behind prefill chunks"),
-        ("1", 0, False, True, "decode waits at most 100 ms"),
-        ("0", 0, False, False, f"{DECODE_WAIT_ENV}=0, stock's order"),
-        (None, 3, False, False, "--prefill-decode-interval 3"),
-        (None, 0, True, False, "DP attention"),
+        (None, 0, False, False, f"stock's order; {DECODE_WAIT_ENV}=1 bounds the wait"),  # the default: off
+        ("1", 0, False, True, "decode waits at most 100 ms behind prefill chunks"),
+        ("0", 0, False, False, f"stock's order; {DECODE_WAIT_ENV}=1 bounds the wait"),
+        ("1", 3, False, False, "--prefill-decode-interval 3"),
+        ("1", 0, True, False, "DP attention"),
     ],
 )
 def test_the_startup_decision_and_its_words(monkeypatch, switch, interval, mlp_sync, active, words):
@@ -132,7 +132,7 @@ def test_the_startup_decision_and_its_words(monkeypatch, switch, interval, mlp_s
         monkeypatch.setenv(DECODE_WAIT_ENV, switch)
     scheduler = SimpleNamespace(prefill_decode_interval=interval, require_mlp_sync=mlp_sync)
     wait, note = scheduler_hooks._decode_wait(scheduler)
-    if not sglang_at_least(releases.DECODE_WAIT) and switch != "0" and not interval:
+    if not sglang_at_least(releases.DECODE_WAIT) and switch == "1" and not interval:
         assert wait is None and f"needs SGLang {releases.DECODE_WAIT}" in note
         return
     assert (wait is not None) is active and words in note

@@ -22,7 +22,7 @@ from importlib import metadata
 
 from packaging.version import InvalidVersion, Version
 
-from .. import backends, patch_table, patches, releases
+from .. import backends, decode_wait, patch_table, patches, releases
 from . import fa2, probe, verify
 from ..harness import standins
 from ..workspace import Planned
@@ -31,6 +31,7 @@ from ..planning import Rules, plan
 from ..alignment import chunk_size_error
 from ..kernel_facts import chosen, facts_for, installed_flashinfer
 from ..compat import (
+    DECODE_WAIT_ENV,
     RADIX_OPT_IN_NEEDS,
     RULES_ENV,
     SUPPORTED_SGLANG,
@@ -244,6 +245,7 @@ def run_doctor():
                      for name, value in switch_values().items()},
         "plugins": plugin_selection(os.environ.get("SGLANG_PLUGINS")),
         "radix_cache": None,
+        "decode_wait": None,
         "grid_rules": None,
         "grid": None,
         "kernel_facts": None,
@@ -252,6 +254,7 @@ def run_doctor():
         "patch_points": [],
         "backends": {},
     }
+    report["decode_wait"] = _decode_wait(report["switches"][DECODE_WAIT_ENV])
     if report["plugins"]["skipped"]:  # a value that keeps the plugin itself from loading is a problem
         stock = "chunk_align" in report["plugins"]["skipped"]
         report["problems" if stock else "warnings"].append(skipped_plugins_warning(report["plugins"]))
@@ -368,6 +371,17 @@ def _check_release(report, version, facts):
             )
 
 
+def _decode_wait(switch):
+    """The decode wait `switch` (1, 0, or the invalid text) gives, and why it is not the default."""
+    limit_ms = round(decode_wait.DECODE_WAIT_S * 1000)
+    if switch == 1:
+        return (f"on ({DECODE_WAIT_ENV}=1): decoding requests wait at most {limit_ms} ms behind prefill chunks, "
+                f"on SGLang {releases.DECODE_WAIT}+ without --prefill-decode-interval or DP attention")
+    state = "off, stock's prefill-first order" if switch == 0 else "invalid (see PROBLEM)"
+    return (f"{state}; {DECODE_WAIT_ENV}=1 bounds decoding requests' wait at {limit_ms} ms. Not the default: "
+            f"{decode_wait.MEASURED}")
+
+
 def _radix_cache(switches, version):
     """Under deterministic flashinfer: the scheduler's decision (compat.radix_cache), which also
     depends on the model's mamba state, and its refusals."""
@@ -413,6 +427,7 @@ def format_doctor(report):
     lines.append(f"  SGLANG_PLUGINS       {_plugins_line(report['plugins'])}")
     if report["radix_cache"]:
         lines.append(f"  radix cache          under deterministic flashinfer: {report['radix_cache']}")
+    lines.append(f"  decode wait          {report['decode_wait']}")
     facts = report["kernel_facts"]
     others = "; plan --group --head-dim warns on others" if facts["measured"] else ""
     lines.append(f"  kernel facts         {facts['summary']}{others}")
