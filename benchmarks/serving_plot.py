@@ -1,36 +1,39 @@
-"""The recorded H200 serving run as a figure: each setup's output tokens/s and longest
-inter-token gap per workload (benchmarks/serving.py's SETUP lines, as printed in the run).
+"""The recorded H200 serving run as a figure: each setup's output tokens/s (over stock deterministic
+flashinfer's) and longest inter-token gap per workload, from benchmarks/serving.py's JSON and its verify re-check.
 
-    python -m benchmarks.serving_plot [--record PATH] [--out PATH]
+    python -m benchmarks.serving_plot [--record DIR] [--out PATH]
 
 Needs matplotlib (the `bench` extra). tests/test_serving_benchmark.py checks the README tables
-against the same lines, read by recorded_setups().
+against the same record, read by recorded_setups().
 """
 
 import argparse
-import ast
+import json
 import pathlib
 
-LOGS = pathlib.Path(__file__).parent / "logs" / "serving_h200"
-RECORD = LOGS / "printed_call2.txt"
-WORKLOADS = ("rl", "agent", "interactive", "streamed")
+RECORD = pathlib.Path(__file__).parent / "logs" / "serving_h200_granite"
+WORKLOADS = ("rl", "agent")
+BASELINE = "stock-4096"  # throughput is drawn as a ratio to it, so both workloads read on one axis
+# The setups the README shows, in its order: the plugin as a user gets it first.
 LABELS = {
-    "plugin-256": "plugin, chunk 256, radix",
+    "plugin-256-no-wait": "plugin, 256, radix (the defaults)",
+    "plugin-256": "plugin, 256, radix, decode wait on",
+    "plugin-1024": "plugin, 1024, radix, decode wait on",
     "stock-4096": "stock det. flashinfer, 4096",
     "triton-256": "stock det. triton, 256, radix",
-    "nondet-256": "non-det. flashinfer, 256 (ceiling)",
 }
 
 
-def recorded_setups(path=RECORD):
-    """The run's summary lines: setup -> (verify ok, {workload: (wall_s, output_tok_s,
-    itl_p99_s, itl_max_s)}); a setup the run did not reach has no workloads."""
-    setups = {}
-    for line in pathlib.Path(path).read_text().splitlines():
-        if line.startswith("SETUP "):
-            _, name, verify, rest = line.split(" ", 3)
-            setups[name] = (ast.literal_eval(verify), ast.literal_eval(rest[rest.index("{"):rest.index("}") + 1]))
-    return setups
+def recorded_setups(record=RECORD):
+    """setup -> (verified, {workload: metrics of its first round}) for every setup the run timed.
+
+    `verified` is the re-check's answer (verify.json: each setup's command started again and checked
+    against the references' answers the run recorded), since the run's own checks could not reach
+    those answers (serving.json says why); None where the re-check did not include the setup."""
+    record = pathlib.Path(record)
+    timed = json.loads((record / "serving.json").read_text())["setups"]
+    rechecked = {s["setup"]: s.get("verify_ok") for s in json.loads((record / "verify.json").read_text())["setups"]}
+    return {s["setup"]: (rechecked.get(s["setup"]), s["workloads"]) for s in timed if s.get("workloads")}
 
 
 def plot(setups, out):
@@ -39,30 +42,31 @@ def plot(setups, out):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ran = [name for name in LABELS if setups.get(name, (None, {}))[1]]
+    ran = [name for name in LABELS if name in setups]
     fig, (throughput, gap) = plt.subplots(1, 2, figsize=(12, 4.2))
     width = 0.8 / len(ran)
     for i, name in enumerate(ran):
-        workloads = setups[name][1]
+        verified, workloads = setups[name]
         xs = [w + (i - (len(ran) - 1) / 2) * width for w in range(len(WORKLOADS))]
-        verified = "" if setups[name][0] is None else " (verified bit-exact)" if setups[name][0] else " (NOT exact)"
-        throughput.bar(xs, [workloads[w][1] for w in WORKLOADS], width, label=LABELS[name] + verified)
-        gap.bar(xs, [workloads[w][3] for w in WORKLOADS], width)
-    for axis, title in ((throughput, "output tokens/s (higher is better)"),
+        said = " (not verified)" if verified is None else " (verified bit-exact)" if verified else " (NOT exact)"
+        relative = [workloads[w]["output_tok_s"] / setups[BASELINE][1][w]["output_tok_s"] for w in WORKLOADS]
+        throughput.bar(xs, relative, width, label=LABELS[name] + said)
+        gap.bar(xs, [workloads[w]["itl_max_s"] for w in WORKLOADS], width)
+    for axis, title in ((throughput, f"output tokens/s over {LABELS[BASELINE]}'s (higher is better)"),
                         (gap, "longest inter-token gap, s (log; lower is better)")):
         axis.set_xticks(range(len(WORKLOADS)), WORKLOADS)
         axis.set_title(title)
     gap.set_yscale("log")
     fig.legend(loc="lower center", ncol=2, frameon=False)
-    fig.suptitle("SGLang 0.5.23 on one H200, Granite-3.1-8B shape (benchmarks/logs/serving_h200)")
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.suptitle("SGLang 0.5.23 on one H200, Granite-3.1-8B's shape (benchmarks/logs/serving_h200_granite)")
+    fig.tight_layout(rect=(0, 0.18, 1, 1))
     fig.savefig(out, dpi=120)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", default=str(RECORD))
-    parser.add_argument("--out", default=str(LOGS / "serving_h200.png"))
+    parser.add_argument("--out", default=str(RECORD / "serving_h200_granite.png"))
     args = parser.parse_args(argv)
     plot(recorded_setups(args.record), args.out)
     print(args.out)

@@ -1,6 +1,7 @@
 """benchmarks/serving.py on CPU: its workloads and long-prompt probe against a stand-in for
 SGLang's streamed /generate (the servers themselves need a GPU), and the recorded H200 run."""
 
+import ast
 import json
 import pathlib
 import threading
@@ -10,6 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks import real_server, serving, serving_plot
+from sglang_chunk_align import decode_wait
+from sglang_chunk_align.compat import DECODE_WAIT_ENV, SWITCHES
 
 class Streaming(BaseHTTPRequestHandler):
     """SGLang's streamed /generate with --skip-tokenizer-init, as far as the benchmark reads it:
@@ -138,59 +141,127 @@ def test_a_stream_cut_short_is_an_error_not_a_measurement(stand_in):
 
 
 README = pathlib.Path(serving.__file__).parent / "README.md"
-ROWS = {"plugin, chunk 256, radix cache": "plugin-256",
-        "stock deterministic flashinfer, chunk 4096 (radix forced off)": "stock-4096",
-        "stock deterministic triton, chunk 256, radix cache": "triton-256",
-        "non-deterministic flashinfer, chunk 256, radix cache (the ceiling)": "nondet-256"}
-WORKLOADS = serving_plot.WORKLOADS
-printed_setups = serving_plot.recorded_setups
+TOP_README = README.parent.parent / "README.md"
+RECORD = serving_plot.RECORD
+EARLIER = README.parent / "logs" / "serving_h200" / "printed_call2.txt"
 
 
-def readme_row(label):
-    return next(line for line in README.read_text().splitlines() if line.startswith(f"| {label} |")).split(" | ")
+def row(text, label):
+    """The cells after the first of the markdown table row that starts with `label`."""
+    line = next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
+    return [cell.strip() for cell in line.strip(" |").split(" | ")][1:]
 
 
-def test_the_readme_tables_are_the_recorded_runs_numbers():
-    """Every throughput, longest gap and ratio in benchmarks/README.md's serving tables, from the record."""
-    setups = printed_setups()
-    assert [verify for verify, _ in setups.values()][:3] == [True, True, True]
-    for label, name in ROWS.items():
-        cells = readme_row(label)
-        workloads = setups[name][1]
-        assert [c.strip("*") for c in cells[1:5]] == [f"{round(workloads[w][1]):,}" for w in WORKLOADS], label
-        gaps = cells[5].strip("*").removesuffix(" s").split(" / ")
-        shown = [round(workloads[w][3], len(g.partition(".")[2])) for g, w in zip(gaps, WORKLOADS)]
-        assert [float(g) for g in gaps] == shown, label
-    plugin = setups["plugin-256"][1]
-    for label, name in {"stock deterministic flashinfer, 4096": "stock-4096", "stock deterministic triton, 256":
-                        "triton-256", "non-deterministic flashinfer, 256": "nondet-256"}.items():
-        ratios = [cell.strip(" |") for cell in readme_row(label)[1:5]]
-        assert ratios == [f"{plugin[w][1] / setups[name][1][w][1]:.2f}x" for w in WORKLOADS], label
+def number(cell):
+    """The first number in a cell: '**2,667 tok/s** (1.81x, 1.72x)' -> 2667.0."""
+    return float(cell.split()[0].strip("*").replace(",", ""))
 
 
-def test_the_top_readmes_table_is_the_recorded_runs_numbers():
-    """README.md, "Should I use this?": each workload's throughputs and ratios, and the longest gaps."""
-    setups = {name: workloads for name, (_, workloads) in printed_setups().items()}
-    order = ("plugin-256", "stock-4096", "triton-256", "nondet-256")
-    lines = (README.parent.parent / "README.md").read_text().splitlines()
-    for prefix, workload in (("| RL rollouts", "rl"), ("| agents", "agent"), ("| interactive", "interactive")):
-        cells = next(line for line in lines if line.startswith(prefix)).split(" | ")[1:]
-        numbers = [float(c.split()[0].strip("* |").replace(",", "")) for c in cells]
-        assert numbers == [round(setups[name][workload][1]) for name in order], workload
-        plugin = setups["plugin-256"][workload][1]
-        ratios = [plugin / setups[name][workload][1] for name in order[1:3]]
-        assert f"({ratios[0]:.2f}x, {ratios[1]:.2f}x)" in cells[0], workload
-    gaps = next(line for line in lines if line.startswith("| longest wait")).split(" | ")[1:]
-    assert [float(g.strip("* |").removesuffix(" s")) for g in gaps] == [
-        round(max(setups[name][w][3] for w in WORKLOADS), 1 if name != "plugin-256" else 2) for name in order]
+def shown(cell, *values):
+    """Whether a cell such as '0.30 / 0.15 s' shows `values`, each to the digits it is shown with."""
+    parts = cell.strip("*").removesuffix(" s").split(" / ")
+    return len(parts) == len(values) and all(
+        float(part) == round(value, len(part.partition(".")[2])) for part, value in zip(parts, values))
 
 
-def test_the_plot_draws_every_setup_the_run_reached(tmp_path):
-    """benchmarks/logs/serving_h200/serving_h200.png comes from the same lines; plugin-1024,
-    which the run did not reach, is left out rather than drawn empty."""
+def ratio(a, b):
+    return f"{a / b:.2f}x"
+
+
+def test_the_readmes_should_i_use_this_table_is_the_recorded_runs_first_rounds():
+    """README.md: each setup's throughput, its ratios to stock and triton, and its longest gaps."""
+    setups, text = serving_plot.recorded_setups(), TOP_README.read_text()
+    labels = {"**plugin, chunk 256, radix (the defaults)**": "plugin-256-no-wait",
+              "plugin, chunk 256, radix, decode wait on": "plugin-256",
+              "plugin, chunk 1024, radix, decode wait on": "plugin-1024",
+              "stock deterministic flashinfer, 4096 (radix off)": "stock-4096",
+              "stock deterministic triton, 256, radix": "triton-256"}
+    for label, name in labels.items():
+        cells, workloads = row(text, label), setups[name][1]
+        for cell, w in zip(cells, serving_plot.WORKLOADS):
+            assert number(cell) == round(workloads[w]["output_tok_s"]), (label, w)
+            if name.startswith("plugin"):
+                stock, triton = (setups[base][1][w]["output_tok_s"] for base in ("stock-4096", "triton-256"))
+                tok_s = workloads[w]["output_tok_s"]
+                assert f"({ratio(tok_s, stock)}, {ratio(tok_s, triton)})" in cell, (label, w)
+        assert shown(cells[2], *(workloads[w]["itl_max_s"] for w in serving_plot.WORKLOADS)), label
+
+
+def test_benchmarks_readme_serving_tables_are_the_record():
+    """benchmarks/README.md: the setups (throughput, gaps, time to first token, the re-check), the
+    ratios, the decode wait's rounds and the re-check's counts, each from the committed JSON."""
+    setups, text = serving_plot.recorded_setups(), README.read_text()
+    rechecked = {s["setup"]: s for s in json.loads((RECORD / "verify.json").read_text())["setups"]}
+    labels = {"plugin, chunk 256, radix cache, decode wait off (the defaults)": "plugin-256-no-wait",
+              "plugin, chunk 256, radix cache, decode wait on": "plugin-256",
+              "plugin, chunk 1024, radix cache, decode wait on": "plugin-1024",
+              "stock deterministic flashinfer, chunk 4096 (radix forced off)": "stock-4096",
+              "stock deterministic triton, chunk 256, radix cache": "triton-256"}
+    for label, name in labels.items():
+        cells, (verified, workloads) = row(text, label), setups[name]
+        rl, agent = workloads["rl"], workloads["agent"]
+        assert [number(cells[0]), number(cells[1])] == [round(rl["output_tok_s"]), round(agent["output_tok_s"])]
+        for cell, key in zip(cells[2:5], ("itl_max_s", "itl_p99_s", "ttft_p50_s")):
+            assert shown(cell, rl[key], agent[key]), (label, key)
+        passes = [p for w in rechecked.get(name, {}).get("verify", {}).get("workloads", {}).values()
+                  for p in w["passes"].values()]
+        identical = f"{sum(p['identical'] for p in passes)}/{sum(p['requests'] for p in passes)} identical"
+        assert cells[5] == (identical if verified else "not in the re-check"), label
+    for label, name in {"chunk 256, the defaults": "plugin-256-no-wait", "chunk 256, decode wait on": "plugin-256",
+                        "chunk 1024, decode wait on": "plugin-1024"}.items():
+        plugin = setups[name][1]
+        assert row(text, label) == [" / ".join(ratio(plugin[w]["output_tok_s"], setups[base][1][w]["output_tok_s"])
+                                               for w in serving_plot.WORKLOADS) for base in ("stock-4096", "triton-256")]
+    verdict = json.loads((RECORD / "serving.json").read_text())["decode_wait"]
+    for w, m in verdict["workloads"].items():
+        cells = row(text, w)
+        for cell, runs in zip(cells, (m["output_tok_s_wait"], m["output_tok_s_control"])):
+            assert [float(v.replace(",", "")) for v in cell.split(", ")] == [round(v, 1 if w == "agent" else 0) for v in runs]
+        assert cells[2] == f"{m['cost']:.1%}" and shown(cells[3], m["itl_max_s_wait"], m["itl_max_s_control"])
+    for label, name in {"plugin, chunk 256, decode wait on": "plugin-256", "control: non-deterministic flashinfer, 256":
+                        "nondet-256-control"}.items():
+        report = rechecked[name]["verify"]["workloads"]
+        counts = [", ".join(f"{p['identical']}/{p['requests']}" for p in report[w]["passes"].values()) for w in ("mixed", "chat")]
+        assert row(text, label)[:2] == counts, label
+
+
+def test_the_decode_wait_default_and_its_reasons_are_the_records():
+    """Off by default because the record's verdict says so, with the verdict's own figures."""
+    verdict = json.loads((RECORD / "serving.json").read_text())["decode_wait"]
+    assert SWITCHES[DECODE_WAIT_ENV] is verdict["keep_default"] is False
+    rl, agent = verdict["workloads"]["rl"], verdict["workloads"]["agent"]
+    assert (f"it cost {rl['cost']:.1%} of RL rollout throughput and {agent['cost']:.1%} on agents, while it held the "
+            f"longest inter-token gap to {rl['itl_max_s_wait']:.2f} s (rollouts) and {agent['itl_max_s_wait']:.2f} s "
+            f"(agents), against {rl['itl_max_s_control']:.1f} s and {agent['itl_max_s_control']:.1f} s without it"
+            ) in decode_wait.MEASURED
+
+
+def printed_setups(path=EARLIER):
+    """The earlier run's summary lines: setup -> {workload: (wall_s, output_tok_s, itl_p99_s, itl_max_s)}."""
+    setups = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("SETUP "):
+            _, name, _, rest = line.split(" ", 3)
+            setups[name] = ast.literal_eval(rest[rest.index("{"):rest.index("}") + 1])
+    return setups
+
+
+def test_the_earlier_runs_table_is_what_it_printed():
+    earlier, text = printed_setups(), README.read_text()
+    for name in ("plugin-256", "stock-4096", "triton-256", "nondet-256"):
+        label = next(line for line in text.splitlines() if line.startswith(f"| `{name}`: ")).split(" | ")[0][2:]
+        cells = row(text, label)
+        for cell, w in zip(cells, ("rl", "agent", "interactive", "streamed")):
+            tok_s, longest = earlier[name][w][1], earlier[name][w][3]
+            assert number(cell) == round(tok_s) and shown(cell.split("(")[1].rstrip(")"), longest), (label, w)
+
+
+def test_the_plot_draws_every_setup_the_readme_shows(tmp_path):
+    """The figure in the README comes from the same record, every setup the run timed but the one
+    the deadline left out."""
     pytest.importorskip("matplotlib", reason="the plot needs matplotlib (the bench extra)")
-    setups = printed_setups()
-    assert setups["plugin-1024"] == (None, {}) and len([s for s in setups.values() if s[1]]) == 4
+    setups = serving_plot.recorded_setups()
+    assert set(setups) == set(serving_plot.LABELS)
     out = tmp_path / "serving.png"
     serving_plot.plot(setups, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
