@@ -64,13 +64,14 @@ def start_step(facts, group, page_size):
 def call_problems(facts, group, head_dim, members):
     """Why members (start, end, prompt_len) of one fa2 call are not exact (at `head_dim`, or at
     each of HEAD_DIMS where None), one line each; [] where every one is."""
-    problems = []
+    problems = [
+        f"{start}..{end} of {prompt_len}: starts off the {facts.grid_rows}-row tiles"
+        for start, end, prompt_len in members if not on_tile_start(facts, group, start)
+    ]
+    extends = [end - start for start, end, _ in members]
     for d in head_dims(head_dim):
-        extends = [end - start for start, end, _ in members]
         call = tile(facts, sum(extends) * group // len(extends), d)
         for start, end, prompt_len in members:
-            if not on_tile_start(facts, group, start):
-                problems.append(f"{start}..{end} of {prompt_len}: starts off the {facts.grid_rows}-row tiles")
             solo = solo_tile(facts, group, d, prompt_len)
             any_tile = end <= facts.short_kv_tokens and d < facts.short_kv_below_head_dim
             if call != solo and not any_tile:
