@@ -6,6 +6,7 @@ these tests run it with the plugin on random prompts, shared prefixes,
 arrival orders, chunk sizes and KV budgets, and check every prefill batch.
 """
 
+import contextlib
 import os
 import random
 
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks import analysis, scheduling, workload
-from sglang_chunk_align import prefill_hooks, releases
+from sglang_chunk_align import kernel_facts, prefill_hooks, releases
 from sglang_chunk_align.harness import scheduler_driver
 from sglang_chunk_align.compat import sglang_at_least
 from sglang_chunk_align.planning import Rules
@@ -29,11 +30,17 @@ RULES = Rules()  # the rules where the backend does not say its geometry
 SHAPES = {shape.name: shape for shape in workload.SHAPES}
 
 
-def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, shape=None, page_size=1):
+def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, shape=None, page_size=1, facts=None):
     """prompts: [(prompt_len, shared_len, arrival_step)]; returns the driver's result.
 
-    `shape` is the model the stand-in backend plans prefill for (None: it does not say).
+    `shape` is the model the stand-in backend plans prefill for (None: it does not say); `facts`
+    the kernel facts the plugin plans with (kernel_facts.chosen; None: the installed release's).
     """
+    with kernel_facts.chosen(facts) if facts else contextlib.nullcontext():
+        return _run_schedule(prompts, chunk, kv_tokens, radix, rules, shape, page_size)
+
+
+def _run_schedule(prompts, chunk, kv_tokens, radix, rules, shape, page_size):
     base = [random.Random(1).randrange(1000, 90_000) for _ in range(max(p[0] for p in prompts))]
     requests, arrivals = [], []
     for rid, (prompt_len, shared_len, arrival) in enumerate(prompts):
@@ -72,7 +79,7 @@ def assert_every_batch_is_exact(requests, result, chunk, rules=RULES, shape=None
     assert all(finished[rid] >= lengths[rid] for rid in lengths), "a request never finished prefill"
     if shape is not None:
         schedule = dict(result, fixed_split=4096)
-        hazards = analysis.predict_hazards(schedule, {r.rid: r for r in requests}, shape)
+        hazards = analysis.predict_hazards(schedule, {r.rid: r for r in requests}, shape, rules.facts)
         assert not any(hazards.values()), hazards
 
 
@@ -87,11 +94,14 @@ prompt = st.tuples(st.integers(1, 1500), st.integers(0, 1500), st.integers(0, 12
     radix=RADIX_MODES,
     shape=st.sampled_from([None, *SHAPES]),
     page_size=st.sampled_from([1, 16]),
+    facts=st.sampled_from([None, kernel_facts.FI074]),  # the installed release's, and flashinfer 0.7.4's
 )
-def test_plugin_schedules_start_on_the_grid_on_solo_tiles_and_finish(prompts, chunk, kv_tokens, radix, shape, page_size):
+def test_plugin_schedules_start_on_the_grid_on_solo_tiles_and_finish(prompts, chunk, kv_tokens, radix, shape, page_size,
+                                                                     facts):
     shape = SHAPES.get(shape)
-    requests, result = run_schedule(prompts, chunk, kv_tokens, radix, shape=shape, page_size=page_size)
-    rules = Rules(shape.group, shape.head_dim, page_size) if shape else Rules(page_size=page_size)
+    requests, result = run_schedule(prompts, chunk, kv_tokens, radix, shape=shape, page_size=page_size, facts=facts)
+    facts = facts or kernel_facts.installed_facts()
+    rules = Rules(shape.group, shape.head_dim, page_size, facts) if shape else Rules(page_size=page_size, facts=facts)
     assert_every_batch_is_exact(requests, result, chunk, rules, shape)
 
 
