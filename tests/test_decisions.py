@@ -42,20 +42,21 @@ def request(rules, steps, left):
     return start, start + left
 
 
-def assert_exact(rules, start, end, prompt_len, short_rest_allowed=False):
+def assert_exact(rules, start, end, prompt_len, kept_within=None):
     """A decision's extend start..end, as kernel_oracle judges it (not by the rules' own lengths):
     empty (the request waits), or a chunk that ends on a page or at the prompt's end, is exact in
-    a call of its own, and leaves a rest that can still be prefilled exactly; where
-    `short_rest_allowed` (KV memory binds and nothing will free any), that rest only starts on
-    the tiles."""
+    a call of its own, and leaves a rest that can still be prefilled exactly. Where KV memory binds
+    at `kept_within` tokens and nothing will free any, a short rest may be kept, only where no
+    exact cut fits those tokens; it still starts on the tiles."""
     assert start <= end <= prompt_len, (start, end, prompt_len)
     if end == start:
         return
     assert end == prompt_len or end % rules.page_size == 0, (start, end)
     facts, group, head_dim = rules.facts, rules.group, rules.head_dim
     problems = oracle.call_problems(facts, group, head_dim, [(start, end, prompt_len)])
-    if not short_rest_allowed:
-        problems += oracle.rest_problems(facts, group, head_dim, end, prompt_len)
+    rest = oracle.rest_problems(facts, group, head_dim, end, prompt_len)
+    if kept_within is None or can_progress(rules, start, kept_within, prompt_len):
+        problems += rest
     elif end < prompt_len and not oracle.on_tile_start(facts, group, end):
         problems.append(f"the rest starts at {end}, off the tiles")
     assert not problems, (start, end, prompt_len, problems)
@@ -111,6 +112,7 @@ def test_memory_bound_short_piece_is_kept_only_where_nothing_will_free_memory(ca
 @example(rules=RULES, steps=2, left=577, cut=512, slack=0, others=True, chunk_in_batch=False, running=True)
 @example(rules=GROUP_4, steps=3, left=528, cut=512, slack=0, others=True, chunk_in_batch=False, running=False)
 @example(rules=STARTS_ANYWHERE, steps=7, left=164, cut=100, slack=0, others=False, chunk_in_batch=False, running=True)
+@example(rules=STARTS_ANYWHERE, steps=5, left=130, cut=100, slack=28, others=False, chunk_in_batch=False, running=False)
 @given(rules=SOME_RULES, steps=requests()[0], left=requests()[1], cut=st.integers(1, 3000),
        slack=st.one_of(st.just(0), st.integers(1, 512)), others=st.booleans(), chunk_in_batch=st.booleans(),
        running=st.booleans())
@@ -122,7 +124,7 @@ def test_an_admission_is_exact_within_its_cut_or_rides(rules, steps, left, cut, 
     budget = extend + slack
     end = admission_end(rules, start, extend, prompt_len, budget, others, chunk_in_batch, running)
     keeps = not others and not running and extend < budget  # memory-bound, and nothing will free memory
-    assert_exact(rules, start, end, prompt_len, short_rest_allowed=keeps)
+    assert_exact(rules, start, end, prompt_len, kept_within=extend if keeps else None)
     if chunk_in_batch:
         assert end == start
     alone_cut_by_the_chunk = not others and not chunk_in_batch and extend >= budget
@@ -167,6 +169,7 @@ def test_continuation_under_a_memory_clamp_is_cut_on_the_grid_or_waits():
 
 @example(rules=RULES, steps=2, remaining=576, limit=520, tail=WAIT)  # 512 would leave 64
 @example(rules=GROUP_4, steps=5, remaining=528, limit=520, tail=KEEP)  # 512 would leave 16
+@example(rules=STARTS_ANYWHERE, steps=3, remaining=130, limit=100, tail=KEEP)  # 65 leaves exactly 65
 @given(rules=SOME_RULES, steps=requests()[0], remaining=requests()[1], limit=st.integers(1, 3200),
        tail=st.sampled_from([WAIT, KEEP]))
 def test_a_continuation_cut_is_exact_within_the_limit(rules, steps, remaining, limit, tail):
@@ -176,7 +179,7 @@ def test_a_continuation_cut_is_exact_within_the_limit(rules, steps, remaining, l
         assert cut == limit
     elif cut is not None:
         assert cut <= limit
-        assert_exact(rules, start, start + cut, prompt_len, short_rest_allowed=tail == KEEP)
+        assert_exact(rules, start, start + cut, prompt_len, kept_within=limit if tail == KEEP else None)
 
 
 def test_ignore_eos_request_after_another_is_cut_on_the_grid_or_waits():
@@ -185,9 +188,9 @@ def test_ignore_eos_request_after_another_is_cut_on_the_grid_or_waits():
     assert ignore_eos_end(RULES, 0, 256, 1000, others=True, chunk_in_batch=True) == 0
 
 
-@example(rules=RULES, steps=1, left=576, budget=512, others=True)  # 512 would leave 64
-@example(rules=RULES, steps=1, left=576, budget=512, others=False)
-@example(rules=GROUP_4, steps=9, left=528, budget=512, others=False)
+@example(rules=RULES, steps=1, left=575, budget=512, others=True)  # 512 would leave 64
+@example(rules=RULES, steps=1, left=575, budget=512, others=False)
+@example(rules=GROUP_4, steps=9, left=527, budget=512, others=False)  # 512 would leave 16
 @given(rules=SOME_RULES, steps=requests()[0], left=requests(longest=3000)[1], budget=st.integers(1, 3000),
        others=st.booleans())
 def test_an_ignore_eos_chunk_is_exact_and_leaves_no_short_rest(rules, steps, left, budget, others):
