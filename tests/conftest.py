@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import settings
 
 import sglang_chunk_align
 from sglang_chunk_align import releases
@@ -26,6 +27,14 @@ if sglang_at_least(releases.GRID_RULES) and not sglang_at_least(releases.UNIFIED
     # Triton kernel even without a GPU (support_triton reads only the backend name), which
     # Triton's interpreter runs on CPU.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# Under CI (CI set, as .ci/run sets it) every property test draws the same examples on every run,
+# and none are replayed from a local example database: a fault is caught or not whatever the day.
+# Elsewhere Hypothesis draws afresh, which finds what a fixed draw never reaches.
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 # marker -> (the first release it runs on, what that release brings)

@@ -159,6 +159,21 @@ def test_new_request_ends_a_grid_step_early_rather_than_leave_a_short_tail(plugi
         assert adder.can_run_list == [req] and req_extend_end(req) == end and adder.new_chunked_req is req
 
 
+def test_no_second_chunked_request_joins_a_batch(plugin):
+    """Chunk 512: a 560-token request is cut at 384 (stock's 512 would leave 48), still unfinished;
+    a 1000-token request would be cut in the 128 tokens left, a second unfinished chunked request
+    in one batch, which SGLang cannot track (it keeps one): it waits for the next step. (Stock
+    fills the chunk with the first request, so no second one is cut there.)"""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    with adder_with(512, kv_tokens=4096, rules=True) as (new_adder, new_req):
+        adder = new_adder()
+        first, second = new_req(0, 560), new_req(1, 1000)
+        admit_new(adder, first)
+        assert admit_new(adder, second) == AddReqResult.OTHER
+        assert adder.can_run_list == [first] and req_extend_end(first) == 384 and adder.new_chunked_req is first
+
+
 @pytest.mark.parametrize("rules, end", [(True, 160), (False, 128)])
 def test_new_request_alone_lets_its_short_final_piece_ride(plugin, rules, end):
     """At chunk 128 no earlier cut can take in a 32-token tail: alone in the batch, it rides."""
@@ -204,6 +219,19 @@ def test_ignore_eos_request_after_another_is_cut_on_the_grid(plugin, monkeypatch
         assert req_extend_end(second) == end and adder.new_chunked_req is second
         assert adder.rem_chunk_tokens == 256 - 100 - (end - 0)
     assert floored in (None, [(156, 156)])
+
+
+def test_ignore_eos_request_alone_rides_with_the_chunk_budget_moved_back(plugin):
+    """Chunk 128, an ignore_eos request of 160 tokens alone: no earlier cut takes in its 32-token
+    tail, so it rides (160 tokens). Stock's "last chunk" test reads rem_chunk_tokens itself, so the
+    budget is raised by 32 for the stock call (_stock_with_chunk_budget) and lowered again after
+    it: stock's charge of 160 stays, the budget ends at 128 - 160 and the batch is closed."""
+    with adder_with(128, kv_tokens=4096, rules=True) as (new_adder, new_req):
+        adder = new_adder()
+        req = new_req(0, 160, ignore_eos=True)
+        admit_new(adder, req)
+        assert adder.can_run_list == [req] and req_extend_end(req) == 160 and adder.new_chunked_req is None
+        assert adder.rem_chunk_tokens == 128 - 160
 
 
 class PrefillDelayer:

@@ -5,7 +5,7 @@ import logging
 from functools import partial
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from sglang_chunk_align.decisions import (
@@ -13,33 +13,67 @@ from sglang_chunk_align.decisions import (
 )
 from sglang_chunk_align.kernel_facts import FI072, FI074
 from sglang_chunk_align.planning import KEEP, RIDE, WAIT, Rules
+from tests import kernel_oracle as oracle
 
 # flashinfer 0.7.2's facts, whatever flashinfer is installed: the rules these tests pin.
 Rules = partial(Rules, facts=FI072)  # noqa: F811
 RULES = Rules()  # a 128-token grid, pieces of at least 65 tokens
-# Groups, a known head_dim, a page, and flashinfer 0.7.4's facts (starts anywhere: the page is the grid).
-SOME_RULES = st.sampled_from(
-    [RULES, Rules(group=4), Rules(group=8, head_dim=128, page_size=16), Rules(facts=FI074, page_size=16)]
-)
+GROUP_4 = Rules(group=4)  # a 32-token grid, pieces of at least 17 tokens
+STARTS_ANYWHERE = Rules(facts=FI074)  # flashinfer 0.7.4: a 1-token grid, pieces of at least 65 tokens
+# Groups, a known head_dim (128, and 256 with its 64-row cap), a page, and 0.7.4's facts (the page is the grid).
+SOME_RULES = st.sampled_from([
+    RULES, GROUP_4, STARTS_ANYWHERE, Rules(group=8, head_dim=128, page_size=16), Rules(group=2, head_dim=256),
+    Rules(facts=FI074, page_size=16),
+])
 SHORT_PIECE_KEPT = "final piece runs on a smaller fa2 tile"
 
 
-@st.composite
-def request(draw, rules, shortest=1):
-    """(start on the grid, prompt_len at least `shortest` beyond it)."""
-    start = draw(st.integers(0, 40)) * rules.grid
-    return start, start + draw(st.integers(shortest, 3000))
+def requests(longest=3000):
+    """Strategies for a request: how many oracle start steps its extend starts after, and how many
+    tokens of its prompt are left from there."""
+    return st.integers(0, 40), st.integers(1, longest)
 
 
-def assert_on_the_grid(rules, start, end, prompt_len, short_piece_allowed=False):
-    """An extend start..end the rules allow: empty (the request waits), or at least min_tail tokens
-    ending on the grid or at the prompt's end, with no final piece too short for the full tile."""
+def request(rules, steps, left):
+    """(start, prompt_len) of a request `steps` oracle start steps in, with `left` tokens left: a
+    request the rules may have cut there (the rest after a cut can still be prefilled exactly)."""
+    start = steps * oracle.start_step(rules.facts, rules.group, rules.page_size)
+    assume(not oracle.rest_problems(rules.facts, rules.group, rules.head_dim, start, start + left))
+    return start, start + left
+
+
+def assert_exact(rules, start, end, prompt_len, kept_within=None):
+    """A decision's extend start..end, as kernel_oracle judges it (not by the rules' own lengths):
+    empty (the request waits), or a chunk that ends on a page or at the prompt's end, is exact in
+    a call of its own, and leaves a rest that can still be prefilled exactly. Where KV memory binds
+    at `kept_within` tokens and nothing will free any, a short rest may be kept, only where no
+    exact cut fits those tokens; it still starts on the tiles."""
+    assert start <= end <= prompt_len, (start, end, prompt_len)
     if end == start:
         return
-    assert start < end <= prompt_len
-    assert end - start >= rules.min_tail or end == prompt_len, (start, end)
-    assert end == prompt_len or end % rules.grid == 0, (start, end)
-    assert short_piece_allowed or end == prompt_len or prompt_len - end >= rules.min_tail, (start, end, prompt_len)
+    assert end == prompt_len or end % rules.page_size == 0, (start, end)
+    facts, group, head_dim = rules.facts, rules.group, rules.head_dim
+    problems = oracle.call_problems(facts, group, head_dim, [(start, end, prompt_len)])
+    rest = oracle.rest_problems(facts, group, head_dim, end, prompt_len)
+    if kept_within is None or can_progress(rules, start, kept_within, prompt_len):
+        problems += rest
+    elif end < prompt_len and not oracle.on_tile_start(facts, group, end):
+        problems.append(f"the rest starts at {end}, off the tiles")
+    assert not problems, (start, end, prompt_len, problems)
+
+
+def too_short_to_cut_off(rules, cut, prompt_len):
+    """Whether the piece cut..prompt_len would not be exact in a call of its own: why a rest may
+    ride beyond the chunk budget. Judged only where the prompt gets the largest tile
+    (oracle.gets_largest_tile): a shorter prompt's rest rides sooner than it need."""
+    facts, group, head_dim = rules.facts, rules.group, rules.head_dim
+    if not oracle.gets_largest_tile(facts, group, head_dim, prompt_len):
+        return True
+    return bool(oracle.call_problems(facts, group, head_dim, [(cut, prompt_len, prompt_len)]))
+
+
+def can_progress(rules, start, budget, prompt_len):
+    return oracle.can_progress(rules.facts, rules.group, rules.head_dim, rules.page_size, start, budget, prompt_len)
 
 
 def test_short_tail_rides_alone_waits_for_room_and_keeps_only_where_waiting_is_forever():
@@ -72,19 +106,33 @@ def test_memory_bound_short_piece_is_kept_only_where_nothing_will_free_memory(ca
     assert "its 40-token final piece" in caplog.text and SHORT_PIECE_KEPT in caplog.text
 
 
-@given(data=st.data(), rules=SOME_RULES, others=st.booleans(), chunk_in_batch=st.booleans(),
+# Boundary cases: stock's cut leaves exactly one token less than the shortest piece on the full
+# tile (64 tokens at group 1, 16 at group 4: 64 rows, the 64-row tile), or exactly that piece.
+@example(rules=RULES, steps=0, left=576, cut=512, slack=0, others=False, chunk_in_batch=False, running=False)
+@example(rules=RULES, steps=2, left=577, cut=512, slack=0, others=True, chunk_in_batch=False, running=True)
+@example(rules=GROUP_4, steps=3, left=528, cut=512, slack=0, others=True, chunk_in_batch=False, running=False)
+@example(rules=STARTS_ANYWHERE, steps=7, left=164, cut=100, slack=0, others=False, chunk_in_batch=False, running=True)
+@example(rules=STARTS_ANYWHERE, steps=5, left=130, cut=100, slack=28, others=False, chunk_in_batch=False, running=False)
+@given(rules=SOME_RULES, steps=requests()[0], left=requests()[1], cut=st.integers(1, 3000),
+       slack=st.one_of(st.just(0), st.integers(1, 512)), others=st.booleans(), chunk_in_batch=st.booleans(),
        running=st.booleans())
-def test_an_admission_ends_on_the_grid_within_its_cut_or_rides(data, rules, others, chunk_in_batch, running):
-    start, prompt_len = data.draw(request(rules))
-    extend = data.draw(st.integers(1, prompt_len - start))
-    budget = data.draw(st.integers(extend, extend + 512) if data.draw(st.booleans()) else st.just(extend))
+def test_an_admission_is_exact_within_its_cut_or_rides(rules, steps, left, cut, slack, others, chunk_in_batch,
+                                                       running):
+    """Stock cut `extend` tokens with `slack` more of chunk budget left (0: the chunk budget cut it)."""
+    start, prompt_len = request(rules, steps, left)
+    extend = min(cut, left)
+    budget = extend + slack
     end = admission_end(rules, start, extend, prompt_len, budget, others, chunk_in_batch, running)
     keeps = not others and not running and extend < budget  # memory-bound, and nothing will free memory
-    assert_on_the_grid(rules, start, end, prompt_len, short_piece_allowed=keeps)
+    assert_exact(rules, start, end, prompt_len, kept_within=extend if keeps else None)
     if chunk_in_batch:
         assert end == start
-    if end > start + extend:  # rides: alone, cut by the chunk budget, the piece shorter than min_tail
-        assert end == prompt_len and not others and extend >= budget and end - start - extend < rules.min_tail
+    alone_cut_by_the_chunk = not others and not chunk_in_batch and extend >= budget
+    if alone_cut_by_the_chunk and can_progress(rules, start, extend, prompt_len):
+        assert end > start  # it would wait for nothing
+    if end > start + extend:  # rides: alone, cut by the chunk budget, the rest too short to cut off
+        assert end == prompt_len and alone_cut_by_the_chunk
+        assert too_short_to_cut_off(rules, start + extend, prompt_len)
 
 
 def test_continuation_slack_takes_in_a_final_piece_no_earlier_cut_can_merge():
@@ -94,14 +142,21 @@ def test_continuation_slack_takes_in_a_final_piece_no_earlier_cut_can_merge():
     assert riding_slack(RULES, 896, None, 1040) == 0  # chunked prefill off
 
 
-@given(data=st.data(), rules=SOME_RULES)
-def test_riding_slack_is_only_what_lies_beyond_a_budget_with_no_grid_cut(data, rules):
-    start, prompt_len = data.draw(request(rules))
-    budget = data.draw(st.integers(1, prompt_len - start + 100))
+@example(rules=RULES, steps=7, left=192, budget=128)  # 64 beyond the budget: rides
+@example(rules=RULES, steps=7, left=193, budget=128)  # 65 beyond: cut off on the grid
+@given(rules=SOME_RULES, steps=requests()[0], left=requests()[1], budget=st.integers(1, 3100))
+def test_riding_slack_is_only_a_rest_too_short_to_cut_off(rules, steps, left, budget):
+    """A continuation is alone in its batch: its rest rides beyond the chunk budget only where the
+    part beyond would not be exact cut off, and the whole rest is."""
+    start, prompt_len = request(rules, steps, left)
     slack = riding_slack(rules, start, budget, prompt_len)
+    assert slack in (0, prompt_len - start - budget)
     if slack:
-        assert start + budget + slack == prompt_len and slack < rules.min_tail
-        assert continuation_cut(rules, budget, prompt_len - start, WAIT) is None  # without it, it would wait
+        assert too_short_to_cut_off(rules, start + budget, prompt_len)
+        assert_exact(rules, start, prompt_len, prompt_len)
+        assert continuation_cut(rules, budget, left, WAIT) is None  # without it, it would wait
+    if can_progress(rules, start, budget, prompt_len):  # a continuation alone never waits for nothing
+        assert continuation_cut(rules, budget + slack, left, WAIT) is not None
 
 
 def test_continuation_under_a_memory_clamp_is_cut_on_the_grid_or_waits():
@@ -112,16 +167,19 @@ def test_continuation_under_a_memory_clamp_is_cut_on_the_grid_or_waits():
     assert continuation_cut(RULES, 150, 168, KEEP) == 128  # nothing will free memory: kept
 
 
-@given(data=st.data(), rules=SOME_RULES, tail=st.sampled_from([WAIT, KEEP]))
-def test_a_continuation_cut_is_on_the_grid_within_the_limit(data, rules, tail):
-    remaining = data.draw(st.integers(1, 3000))
-    limit = data.draw(st.integers(1, remaining + 200))
+@example(rules=RULES, steps=2, remaining=576, limit=520, tail=WAIT)  # 512 would leave 64
+@example(rules=GROUP_4, steps=5, remaining=528, limit=520, tail=KEEP)  # 512 would leave 16
+@example(rules=STARTS_ANYWHERE, steps=3, remaining=130, limit=100, tail=KEEP)  # 65 leaves exactly 65
+@given(rules=SOME_RULES, steps=requests()[0], remaining=requests()[1], limit=st.integers(1, 3200),
+       tail=st.sampled_from([WAIT, KEEP]))
+def test_a_continuation_cut_is_exact_within_the_limit(rules, steps, remaining, limit, tail):
+    start, prompt_len = request(rules, steps, remaining)
     cut = continuation_cut(rules, limit, remaining, tail)
     if limit >= remaining:
         assert cut == limit
     elif cut is not None:
         assert cut <= limit
-        assert_on_the_grid(rules, 0, cut, remaining, short_piece_allowed=tail == KEEP)
+        assert_exact(rules, start, start + cut, prompt_len, kept_within=limit if tail == KEEP else None)
 
 
 def test_ignore_eos_request_after_another_is_cut_on_the_grid_or_waits():
@@ -130,13 +188,19 @@ def test_ignore_eos_request_after_another_is_cut_on_the_grid_or_waits():
     assert ignore_eos_end(RULES, 0, 256, 1000, others=True, chunk_in_batch=True) == 0
 
 
-@given(data=st.data(), rules=SOME_RULES, others=st.booleans())
-def test_an_ignore_eos_chunk_never_leaves_a_short_piece(data, rules, others):
-    start, prompt_len = data.draw(request(rules, shortest=2))
-    budget = data.draw(st.integers(1, prompt_len - start - 1))  # stock cuts only below what is left
+@example(rules=RULES, steps=1, left=575, budget=512, others=True)  # 512 would leave 64
+@example(rules=RULES, steps=1, left=575, budget=512, others=False)
+@example(rules=GROUP_4, steps=9, left=527, budget=512, others=False)  # 512 would leave 16
+@given(rules=SOME_RULES, steps=requests()[0], left=requests(longest=3000)[1], budget=st.integers(1, 3000),
+       others=st.booleans())
+def test_an_ignore_eos_chunk_is_exact_and_leaves_no_short_rest(rules, steps, left, budget, others):
+    start, prompt_len = request(rules, steps, left + 1)
+    budget = min(budget, left)  # stock cuts only below what is left
     end = ignore_eos_end(rules, start, budget, prompt_len, others, chunk_in_batch=False)
-    assert_on_the_grid(rules, start, end, prompt_len)
+    assert_exact(rules, start, end, prompt_len)
     assert end - start <= budget or (end == prompt_len and not others)
+    if not others and can_progress(rules, start, budget, prompt_len):
+        assert end > start
 
 
 def test_a_new_request_waits_behind_a_parked_continuation_and_for_solo_tiles():

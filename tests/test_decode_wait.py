@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import sglang_chunk_align
@@ -24,21 +24,48 @@ needs_decode_wait = pytest.mark.skipif(
     reason=f"Scheduler._should_defer_prefill sees the running batch from SGLang {releases.DECODE_WAIT}",
 )
 LIMIT = 0.1
-# One scheduling step: (seconds since the last call, the last step was a prefill, something can decode).
-STEPS = st.lists(st.tuples(st.floats(0, 0.3), st.booleans(), st.booleans()), max_size=60)
+LIMIT_MS = 100
+# One scheduling step: (its duration in ms, a prefill is waiting, the running batch can decode);
+# mostly both, so that queues of chunk steps behind a decoding batch outlast the limit.
+MOSTLY = st.sampled_from([True] * 7 + [False])
+STEPS = st.lists(st.tuples(st.integers(0, 50), MOSTLY, MOSTLY), min_size=20, max_size=80)
 
 
+def schedule(steps):
+    """Steps as Scheduler.get_next_batch_to_run takes them, with the wait asked first each step
+    (whole milliseconds, so the clock is exact): [(start ms, duration, kind, decode_first's
+    answer, can decode)], kind "decode", "prefill" or "idle"."""
+    wait, now, last, run = DecodeWait(LIMIT_MS), 0, None, []
+    for duration, prefill_waiting, can_decode in steps:
+        first = wait.decode_first(last == "prefill", can_decode, now)
+        last = "decode" if first or (can_decode and not prefill_waiting) else "prefill" if prefill_waiting else "idle"
+        run.append((now, duration, last, first, can_decode))
+        now += duration
+    return run
+
+
+@example([(30, True, True)] * 12)  # a queue of chunk steps behind a decoding batch
 @given(STEPS)
-def test_decode_runs_once_decoding_requests_waited_the_limit_behind_prefill(steps):
-    """The promise, step by step: decode first exactly when decoding requests have waited the limit
-    behind back-to-back prefill steps; never right after a decode or idle step, so a deferral is
-    never followed by another."""
-    wait, now, waiting_since = DecodeWait(LIMIT), 0.0, None
-    for elapsed, last_was_extend, can_decode in steps:
-        now += elapsed
-        waiting = can_decode and last_was_extend and waiting_since is not None
-        assert wait.decode_first(last_was_extend, can_decode, now) is (waiting and now - waiting_since >= LIMIT)
-        waiting_since = waiting_since if waiting else now
+def test_decoding_requests_wait_at_most_the_limit_and_one_step(steps):
+    """The module's promises, seen from outside: while the running batch can decode, no more than
+    the limit and one step pass between two decode steps; a step is put before prefill only where
+    something can decode, never twice in a row (the scheduler cannot stall), and at most once per
+    limit of prefill time."""
+    run = schedule(steps)
+    longest = max((duration for _, duration, _, _, _ in run), default=0)
+    waiting_from = None  # since when the running batch has waited for a decode step
+    for (start, duration, kind, first, can_decode), before in zip(run, [None, *run]):
+        if first:
+            assert can_decode and before is not None and not before[3]
+        if not can_decode:
+            waiting_from = None
+            continue
+        waiting_from = start if waiting_from is None else waiting_from
+        assert start - waiting_from <= LIMIT_MS + longest, (start, waiting_from)
+        if kind == "decode":
+            waiting_from = start + duration
+    prefill_ms = sum(duration for _, duration, kind, _, _ in run if kind == "prefill")
+    assert sum(first for *_, first, _ in run) * LIMIT_MS <= prefill_ms
 
 
 def test_a_queue_of_chunks_is_broken_by_one_decode_each_limit():

@@ -6,6 +6,7 @@ these tests run it with the plugin on random prompts, shared prefixes,
 arrival orders, chunk sizes and KV budgets, and check every prefill batch.
 """
 
+import contextlib
 import os
 import random
 
@@ -14,10 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks import analysis, scheduling, workload
-from sglang_chunk_align import prefill_hooks, releases
+from sglang_chunk_align import kernel_facts, prefill_hooks, releases
 from sglang_chunk_align.harness import scheduler_driver
 from sglang_chunk_align.compat import sglang_at_least
-from sglang_chunk_align.planning import Rules, tile_conflicts
+from sglang_chunk_align.planning import Rules
+from tests import kernel_oracle as oracle
 
 pytestmark = pytest.mark.needs_grid_rules
 needs_radix_opt_in = pytest.mark.needs_radix_opt_in
@@ -28,11 +30,17 @@ RULES = Rules()  # the rules where the backend does not say its geometry
 SHAPES = {shape.name: shape for shape in workload.SHAPES}
 
 
-def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, shape=None, page_size=1):
+def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, shape=None, page_size=1, facts=None):
     """prompts: [(prompt_len, shared_len, arrival_step)]; returns the driver's result.
 
-    `shape` is the model the stand-in backend plans prefill for (None: it does not say).
+    `shape` is the model the stand-in backend plans prefill for (None: it does not say); `facts`
+    the kernel facts the plugin plans with (kernel_facts.chosen; None: the installed release's).
     """
+    with kernel_facts.chosen(facts) if facts else contextlib.nullcontext():
+        return _run_schedule(prompts, chunk, kv_tokens, radix, rules, shape, page_size)
+
+
+def _run_schedule(prompts, chunk, kv_tokens, radix, rules, shape, page_size):
     base = [random.Random(1).randrange(1000, 90_000) for _ in range(max(p[0] for p in prompts))]
     requests, arrivals = [], []
     for rid, (prompt_len, shared_len, arrival) in enumerate(prompts):
@@ -56,22 +64,22 @@ def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, shape=None, page_
 
 
 def assert_every_batch_is_exact(requests, result, chunk, rules=RULES, shape=None):
-    """Every batch keeps its members exact by the plugin's own rules and, for a known model shape,
-    by the replay benchmark's hazard predictor, which restates fa2's tile choice independently."""
+    """Every batch keeps its members exact as tests/kernel_oracle.py judges one fa2 call (from the
+    kernel facts alone, not the rules' own lengths), every extend starts on a KV page, and every
+    request finishes; for a known model shape, the replay benchmark's hazard predictor agrees."""
     lengths = {r.rid: r.prompt_len for r in requests}
     finished = {rid: 0 for rid in lengths}
     for step in result["steps"]:
+        members = [(start, end, lengths[rid]) for rid, start, end in step]
+        problems = oracle.call_problems(rules.facts, rules.group, rules.head_dim, members)
+        assert not problems, (step, problems)
         for rid, start, end in step:
-            assert start % rules.grid == 0, f"request {rid} starts at {start}"
-            whole_short_request = start == 0 and end == lengths[rid] < rules.min_tail
-            assert end - start >= rules.min_tail or whole_short_request, (rid, start, end)
+            assert start % rules.page_size == 0, f"request {rid} starts at {start}, off a page"
             finished[rid] = max(finished[rid], end)
-        members = [(end - start, end, lengths[rid]) for rid, start, end in step]
-        assert tile_conflicts(members, rules) == [], step
     assert all(finished[rid] >= lengths[rid] for rid in lengths), "a request never finished prefill"
     if shape is not None:
         schedule = dict(result, fixed_split=4096)
-        hazards = analysis.predict_hazards(schedule, {r.rid: r for r in requests}, shape)
+        hazards = analysis.predict_hazards(schedule, {r.rid: r for r in requests}, shape, rules.facts)
         assert not any(hazards.values()), hazards
 
 
@@ -86,11 +94,14 @@ prompt = st.tuples(st.integers(1, 1500), st.integers(0, 1500), st.integers(0, 12
     radix=RADIX_MODES,
     shape=st.sampled_from([None, *SHAPES]),
     page_size=st.sampled_from([1, 16]),
+    facts=st.sampled_from([None, kernel_facts.FI074]),  # the installed release's, and flashinfer 0.7.4's
 )
-def test_plugin_schedules_start_on_the_grid_on_solo_tiles_and_finish(prompts, chunk, kv_tokens, radix, shape, page_size):
+def test_plugin_schedules_start_on_the_grid_on_solo_tiles_and_finish(prompts, chunk, kv_tokens, radix, shape, page_size,
+                                                                     facts):
     shape = SHAPES.get(shape)
-    requests, result = run_schedule(prompts, chunk, kv_tokens, radix, shape=shape, page_size=page_size)
-    rules = Rules(shape.group, shape.head_dim, page_size) if shape else Rules(page_size=page_size)
+    requests, result = run_schedule(prompts, chunk, kv_tokens, radix, shape=shape, page_size=page_size, facts=facts)
+    facts = facts or kernel_facts.installed_facts()
+    rules = Rules(shape.group, shape.head_dim, page_size, facts) if shape else Rules(page_size=page_size, facts=facts)
     assert_every_batch_is_exact(requests, result, chunk, rules, shape)
 
 
@@ -142,7 +153,7 @@ def test_length_alignment_alone_fails_the_same_checks():
     requests, result = run_schedule(prompts, 256, 16384, radix=True, rules=False)
     starts = [start for step in result["steps"] for rid, start, _ in step if rid == 1]
     assert starts[0] == 1000
-    with pytest.raises(AssertionError, match="request 1 starts at 1000"):
+    with pytest.raises(AssertionError, match=r"1000\.\.1256 of 2500: starts off the 128-row tiles"):
         assert_every_batch_is_exact(requests, result, 256)
 
 
@@ -150,7 +161,7 @@ def test_length_alignment_alone_leaves_a_short_final_piece():
     """Radix off, on every release with the rules: with the rules off, SGLang's 128-aligned cuts
     leave a 16-token final piece, which the same checks catch."""
     requests, result = run_schedule([(1040, 0, 0)], 256, 16384, radix=False, rules=False)
-    with pytest.raises(AssertionError, match=r"\(0, 1024, 1040\)"):
+    with pytest.raises(AssertionError, match="1024..1040 of 1040: the 16-row tile"):
         assert_every_batch_is_exact(requests, result, 256)
 
 

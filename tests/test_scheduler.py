@@ -66,6 +66,17 @@ def test_chunk_off_the_grid_is_refused_with_the_nearest_valid_sizes(plugin, chun
     assert f"--chunked-prefill-size {sizes}" in str(refused.value)
 
 
+@pytest.mark.parametrize("chunk", [100, 200])
+def test_a_decode_server_is_armed_but_its_chunk_is_not_checked(plugin, chunk):
+    """A decode server (PD disaggregation) never prefills a prompt, so an armed one starts with a
+    chunk the check refuses a prefill server (below the alignment, off the grid)."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    decode = {"disaggregation_mode": DisaggregationMode.DECODE}
+    assert scheduler_alignment(chunk=chunk, state=decode) == 128
+    assert (prefill_hooks.rules_in_force() is not None) == sglang_at_least(releases.GRID_RULES)
+
+
 def test_split_tile_variable_does_not_move_the_alignment(plugin, monkeypatch):
     monkeypatch.setenv("SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE", "1024")
     assert scheduler_alignment(chunk=256) == 128

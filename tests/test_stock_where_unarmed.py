@@ -3,7 +3,8 @@
 "Not armed": no deterministic flashinfer backend, no live backend (a
 Scheduler built without a worker, as SGLang's own unit tests build one), or
 the grid rules not in force. There every patched function must return what
-stock returns and raise what stock raises, message included. Each test sends
+stock returns and raise what stock raises, message included; an exception
+stock is not known to raise there fails the test rather than compare equal. Each test sends
 the same inputs through stock SGLang and through SGLang with the plugin
 loaded, and compares the outcomes; generated inputs where the space is large.
 The patch points' stock call sites are SGLang's own: the Scheduler's
@@ -39,21 +40,23 @@ EXAMPLES = int(os.environ.get("UNARMED_EXAMPLES", 40))
 SWITCH_VALUES = st.sampled_from([None, "0", "1"])  # apply() refuses invalid ones (tests/test_failures.py)
 
 
-def outcome(call):
-    """What `call()` returned, or the type and message of what it raised."""
+def outcome(call, raises=()):
+    """What `call()` returned, or the type and message of what it raised where that is one of
+    `raises`, the exceptions stock answers with there. Anything else propagates and fails the
+    test: stock and the plugin crashing alike is no agreement."""
     try:
         return "returned", call()
-    except Exception as error:  # the comparison is the test: any exception counts
+    except raises as error:
         return "raised", type(error).__name__, str(error)
 
 
-def stock_and_plugin(call):
+def stock_and_plugin(call, raises=()):
     """(outcome under stock SGLang, outcome with the plugin applied); stock again afterwards."""
     sglang_chunk_align.remove()
-    stock = outcome(call)
+    stock = outcome(call, raises)
     sglang_chunk_align.apply()
     try:
-        return stock, outcome(call)
+        return stock, outcome(call, raises)
     finally:
         sglang_chunk_align.remove()
 
@@ -138,7 +141,7 @@ def test_startup_check_where_unarmed_is_stock(backend, align, chunk, attn_dp_siz
     with switches(**{RULES_ENV: rules_switch, RADIX_CACHE_ENV: radix_switch}), mock.patch.object(
         scheduler_module, "get_parallel", return_value=parallel
     ), standins.published(False, chunk):
-        stock, plugin = stock_and_plugin(check)
+        stock, plugin = stock_and_plugin(check, raises=ValueError)  # stock's refusal
     assert plugin == stock
     assert prefill_hooks.rules_in_force() is None
 
@@ -338,7 +341,7 @@ def bare_scheduler_outcomes():
                                                disaggregation_mode=mode)
                     with mock.patch.object(scheduler_module, "get_parallel",
                                            return_value=SimpleNamespace(attn_dp_size=dp)):
-                        results.append(outcome(scheduler.check_truncation_align_fits_chunk))
+                        results.append(outcome(scheduler.check_truncation_align_fits_chunk, ValueError))
     return results
 
 

@@ -5,9 +5,12 @@ test each, for GQA groups 1, 2, 4 and 8 at head_dim 128 and 256: fa2 paged
 prefill planned as SGLang's deterministic backend plans it, chunked against
 unchunked, torch.equal row by row, and each result judged by what the facts
 of the installed release predict. Both directions are pinned: where the facts
-say a start or a tile breaks exactness, equal rows fail the test too, so the
-comparison cannot pass vacuously. An unmeasured flashinfer is judged by the
-strictest measured facts.
+say a start or a tile breaks exactness, equal rows fail the test too. Where
+they say rows *can* differ (probe.EITHER: partial-tile rows on 0.7.2, decoded
+rows; data-dependent, so equal rows on random data do not refute it), no
+result could fail the case: it is measured and reported as skipped
+("informational"), never counted as passed. An unmeasured flashinfer is judged
+by the strictest measured facts.
 
 Needs a CUDA GPU (sm80+) and flashinfer; without them the module is skipped
 with the reason. See tests/gpu/README.md.
@@ -49,6 +52,9 @@ def shape_for():
 def test_the_installed_release_facts_hold(shape_for, group, head_dim, case):
     facts = installed_facts()
     [checked] = probe.verdicts(facts, [probe.measure(shape_for(group, head_dim), case)])
+    if checked["expected"] == probe.EITHER and not checked.get("error"):
+        measured = "equal" if checked["exact"] else f"{checked['n_bad_rows']} rows differ"
+        pytest.skip(f"informational, not a pass: {facts.describe()} says these rows can differ; measured: {measured}")
     assert checked["holds"], (
         f"{facts.describe()}: {case.name} (split {case.split}) at GQA {group} head_dim {head_dim} should be "
         f"{checked['expected']}, got {checked.get('error') or checked}"
