@@ -164,6 +164,18 @@ def shown(cell, *values):
         float(part) == round(value, len(part.partition(".")[2])) for part, value in zip(parts, values))
 
 
+# Each timed setup's row in README.md's table, then in benchmarks/README.md's.
+ROW_LABELS = {
+    "plugin-256-no-wait": ("**plugin, chunk 256, radix (the defaults)**",
+                           "plugin, chunk 256, radix cache, decode wait off (the defaults)"),
+    "plugin-256": ("plugin, chunk 256, radix, decode wait on", "plugin, chunk 256, radix cache, decode wait on"),
+    "plugin-1024": ("plugin, chunk 1024, radix, decode wait on", "plugin, chunk 1024, radix cache, decode wait on"),
+    "stock-4096": ("stock deterministic flashinfer, 4096 (radix off)",
+                   "stock deterministic flashinfer, chunk 4096 (radix forced off)"),
+    "triton-256": ("stock deterministic triton, 256, radix", "stock deterministic triton, chunk 256, radix cache"),
+}
+
+
 def ratio(a, b):
     return f"{a / b:.2f}x"
 
@@ -171,12 +183,7 @@ def ratio(a, b):
 def test_the_readmes_should_i_use_this_table_is_the_recorded_runs_first_rounds():
     """README.md: each setup's throughput, its ratios to stock and triton, and its longest gaps."""
     setups, text = serving_plot.recorded_setups(), TOP_README.read_text()
-    labels = {"**plugin, chunk 256, radix (the defaults)**": "plugin-256-no-wait",
-              "plugin, chunk 256, radix, decode wait on": "plugin-256",
-              "plugin, chunk 1024, radix, decode wait on": "plugin-1024",
-              "stock deterministic flashinfer, 4096 (radix off)": "stock-4096",
-              "stock deterministic triton, 256, radix": "triton-256"}
-    for label, name in labels.items():
+    for name, (label, _) in ROW_LABELS.items():
         cells, workloads = row(text, label), setups[name][1]
         for cell, w in zip(cells, serving_plot.WORKLOADS):
             assert number(cell) == round(workloads[w]["output_tok_s"]), (label, w)
@@ -192,12 +199,7 @@ def test_benchmarks_readme_serving_tables_are_the_record():
     ratios, the decode wait's rounds and the re-check's counts, each from the committed JSON."""
     setups, text = serving_plot.recorded_setups(), README.read_text()
     rechecked = {s["setup"]: s for s in json.loads((RECORD / "verify.json").read_text())["setups"]}
-    labels = {"plugin, chunk 256, radix cache, decode wait off (the defaults)": "plugin-256-no-wait",
-              "plugin, chunk 256, radix cache, decode wait on": "plugin-256",
-              "plugin, chunk 1024, radix cache, decode wait on": "plugin-1024",
-              "stock deterministic flashinfer, chunk 4096 (radix forced off)": "stock-4096",
-              "stock deterministic triton, chunk 256, radix cache": "triton-256"}
-    for label, name in labels.items():
+    for name, (_, label) in ROW_LABELS.items():
         cells, (verified, workloads) = row(text, label), setups[name]
         rl, agent = workloads["rl"], workloads["agent"]
         assert [number(cells[0]), number(cells[1])] == [round(rl["output_tok_s"]), round(agent["output_tok_s"])]
