@@ -489,7 +489,8 @@ def test_a_reader_that_stops_early_ends_the_command_without_a_traceback(args):
     assert command.stdout.readline() and command.stdout.readline()
     command.stdout.close()
     stderr = command.stderr.read()
-    assert command.wait() == 141 and stderr == ""
+    # Nothing but the warning a release with unmeasured kernel facts gets (flashinfer 0.7.1, SGLang 0.5.22's).
+    assert command.wait() == 141 and all(UNMEASURED in line for line in stderr.splitlines()), stderr
 
 
 @pytest.mark.parametrize("args", [("--prompt-len", "0", "--chunk", "128"), ("--prompt-len", "100", "--chunk", "200")])
