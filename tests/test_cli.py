@@ -576,8 +576,9 @@ def test_the_longest_prompt_plan_admits_is_sglangs():
     from the installed wheel's source; --prompt-len above it is refused naming the context."""
     from sglang.srt.managers import tp_worker
 
-    source = " ".join(inspect.getsource(tp_worker).split())
-    assert "max_req_len = min( self.model_config.context_len - 1," in source
+    # Attributes on 0.5.13 (self.max_req_len), locals on 0.5.23: the same arithmetic.
+    source = " ".join(inspect.getsource(tp_worker).split()).replace("self.", "")
+    assert "max_req_len = min( model_config.context_len - 1," in source
     assert "max_req_input_len = max_req_len - 5" in source
     args = ("plan", "--chunk", "256", "--model-path", str(MODELS / "gemma-2b"))
     assert _cli(*args, "--prompt-len", "8186").returncode == 0
