@@ -59,6 +59,8 @@ from sglang_chunk_align.tools import verify  # noqa: E402
 
 # The plugin as a user gets it: selected, every SGLANG_CHUNK_ALIGN_* switch at its default.
 PLUGIN = {"SGLANG_PLUGINS": "chunk_align"}
+# The decode wait said outright on both sides of decode_wait_verdict's pair, whatever the default is.
+WAIT_ON, WAIT_OFF = ({**PLUGIN, "SGLANG_CHUNK_ALIGN_DECODE_WAIT": flag} for flag in ("1", "0"))
 
 
 class Setup:
@@ -80,7 +82,7 @@ class Setup:
 SETUPS = {
     "stock-4096": Setup("stock deterministic flashinfer, chunk 4096 (radix cache forced off)", 4096, STOCK,
                         radix=False, long_prompts=True, max_total_tokens=600000),
-    "plugin-256": Setup("plugin, chunk 256, radix cache", 256, PLUGIN, long_prompts=True),
+    "plugin-256": Setup("plugin, chunk 256, radix cache, decode wait on", 256, WAIT_ON, long_prompts=True),
     "triton-256": Setup("stock deterministic triton, chunk 256, radix cache", 256, STOCK, backend="triton",
                         reference="triton"),
     "nondet-256": Setup("non-deterministic flashinfer, chunk 256, radix cache (the ceiling)", 256, STOCK,
@@ -90,9 +92,9 @@ SETUPS = {
     "nondet-256-control": Setup("control: non-deterministic flashinfer, chunk 256, radix cache, checked against "
                                 "the deterministic unchunked reference (verify should find it inexact)", 256, STOCK,
                                 deterministic=False, expect_identical=False),
-    "plugin-1024": Setup("plugin, chunk 1024, radix cache", 1024, PLUGIN, long_prompts=True),
+    "plugin-1024": Setup("plugin, chunk 1024, radix cache, decode wait on", 1024, WAIT_ON, long_prompts=True),
     "plugin-256-no-wait": Setup("plugin, chunk 256, radix cache, decode wait off (stock's prefill-first order)",
-                                256, {**PLUGIN, "SGLANG_CHUNK_ALIGN_DECODE_WAIT": "0"}),
+                                256, WAIT_OFF),
     "plugin-256-interval-1": Setup("plugin, chunk 256, radix cache, --prefill-decode-interval 1", 256, PLUGIN,
                                    extra=["--prefill-decode-interval", "1"]),
 }

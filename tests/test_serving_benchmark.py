@@ -313,6 +313,14 @@ def test_the_decode_wait_stays_the_default_only_within_its_cost_and_gap_bound(wa
     assert verdict["keep_default"] is keep
 
 
+def test_the_decode_wait_pair_differs_in_the_switch_alone():
+    """The verdict compares the two setups as wait on and wait off, so neither may lean on the default."""
+    on, off = serving.SETUPS["plugin-256"], serving.SETUPS["plugin-256-no-wait"]
+    assert (on.env[DECODE_WAIT_ENV], off.env[DECODE_WAIT_ENV]) == ("1", "0")
+    assert {k: v for k, v in on.env.items() if k != DECODE_WAIT_ENV} == {k: v for k, v in off.env.items() if k != DECODE_WAIT_ENV}
+    assert (on.chunk, on.extra, on.backend) == (off.chunk, off.extra, off.backend)
+
+
 def test_no_decode_wait_verdict_without_its_control():
     assert serving.decode_wait_verdict([timed("plugin-256", [{"rl": (1000, 0.1)}])]) is None
 
