@@ -42,6 +42,7 @@ import os
 import platform
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -132,8 +133,12 @@ class Run:
         return self.args.deadline_s - (time.monotonic() - self.started)
 
     def port(self):
+        """The next port nothing listens on: a server left over from an earlier run would answer
+        /health for the new one."""
         with self.lock:
             self.next_port += 1
+            while _listening(self.next_port):
+                self.next_port += 1
             return self.next_port
 
     def record(self, entry, key="servers"):
@@ -215,6 +220,11 @@ class Server:
         return {"name": self.name, "command": " ".join(self.command),
                 "env": {k: v for k, v in self.env.items() if k.startswith(("SGLANG_PLUGINS", "SGLANG_CHUNK_ALIGN"))},
                 "plugin_lines": self.plugin_lines()}
+
+
+def _listening(port):
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def decode_graph_flag():

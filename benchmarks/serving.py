@@ -93,6 +93,9 @@ SETUPS = {
                                 "the deterministic unchunked reference (verify should find it inexact)", 256, STOCK,
                                 deterministic=False, expect_identical=False),
     "plugin-1024": Setup("plugin, chunk 1024, radix cache, decode wait on", 1024, WAIT_ON, long_prompts=True),
+    # The plugin as a user turns it on: SGLANG_PLUGINS=chunk_align and no switch (the decode wait off).
+    "plugin-256-defaults": Setup("plugin, chunk 256, radix cache, the plugin's defaults", 256, PLUGIN,
+                                 long_prompts=True),
     "plugin-256-no-wait": Setup("plugin, chunk 256, radix cache, decode wait off (stock's prefill-first order)",
                                 256, WAIT_OFF),
     "plugin-256-interval-1": Setup("plugin, chunk 256, radix cache, --prefill-decode-interval 1", 256, PLUGIN,
@@ -127,6 +130,8 @@ def main(argv=None):
     parser.add_argument("--deadline-s", type=float, default=3600, help="start no new setup after this many seconds")
     parser.add_argument("--logs", default=None)
     parser.add_argument("--no-verify", action="store_true", help="time only: no references, no verify (say so)")
+    parser.add_argument("--skip-long-prompts", action="store_true",
+                        help="no single long prompts after the checks (the workloads and verify alone)")
     parser.add_argument("--baselines", metavar="DIR",
                         help="reuse the references' recorded answers (baseline-BACKEND.json) from an earlier run's --logs")
     parser.add_argument("--verify-only", action="store_true",
@@ -171,6 +176,7 @@ class ServingRun(real_server.Run):
         super().__init__(args)
         self.results = {"stack": real_server.stack(), "model": self.config, "references": [], "setups": []}
         self.baselines = {}  # reference backend -> (its Server, its baseline cache file)
+        self.setup_servers = []  # every setup's Server, stopped at the end whatever happened
 
     def record_references(self, backends):
         """Each backend's stock, unchunked reference (radix off), its cold answers recorded by verifying it
@@ -184,7 +190,8 @@ class ServingRun(real_server.Run):
                 return
             cache = os.path.join(self.logs, f"baseline-{backend}.json")
             entry = real_server.verify(self, server, server, cache, radix=False)
-            entry["long_prompts"] = long_prompts(server, LONG_PROMPTS["reference"], self) if backend == "flashinfer" else []
+            probe = backend == "flashinfer" and not self.args.skip_long_prompts
+            entry["long_prompts"] = long_prompts(server, LONG_PROMPTS["reference"], self) if probe else []
             self.record({"reference": backend, **entry}, "references")
             self.baselines[backend] = server, cache
 
@@ -196,6 +203,13 @@ class ServingRun(real_server.Run):
     def time_setups(self, names):
         """Each setup timed alone; its checks overlap the next setup's start (unless either needs the
         GPU alone), never the next one's timing."""
+        try:
+            self._time_in_turn(names)
+        finally:  # interrupted (the device call's limit): no server outlives the run
+            for started in self.setup_servers:
+                started.stop()
+
+    def _time_in_turn(self, names):
         server, checking = None, None
         for index, name in enumerate(names):
             if server is None:
@@ -236,9 +250,11 @@ class ServingRun(real_server.Run):
 
     def _start(self, name, pool=None):
         setup = SETUPS[name]
-        return Server(self, name, setup.chunk, 1, setup.env, extra=setup.extra, backend=setup.backend,
-                      deterministic=setup.deterministic, decode_graph_bs=self.args.graph_bs,
-                      max_total_tokens=pool or setup.max_total_tokens)
+        server = Server(self, name, setup.chunk, 1, setup.env, extra=setup.extra, backend=setup.backend,
+                        deterministic=setup.deterministic, decode_graph_bs=self.args.graph_bs,
+                        max_total_tokens=pool or setup.max_total_tokens)
+        self.setup_servers.append(server)
+        return server
 
     def _ready(self, name, server):
         """The setup's entry once its server is up: its command and plugin lines, or the error."""
@@ -253,13 +269,18 @@ class ServingRun(real_server.Run):
         entry = self._ready(name, server)
         if "error" in entry:
             return entry
-        warm_up(server, self)
-        entry["workloads"] = self._round(server)
-        if name in self.args.repeat_setups.split(","):
-            entry["repeats"] = []
-            for _ in range(self.args.repeats - 1):
-                verify.Server(server.url, timeout=60).flush()  # the next round's prompts arrive cold again
-                entry["repeats"].append(self._round(server))
+        try:
+            warm_up(server, self)
+            entry["workloads"] = self._round(server)
+            if name in self.args.repeat_setups.split(","):
+                entry["repeats"] = []
+                for _ in range(self.args.repeats - 1):
+                    verify.Server(server.url, timeout=60).flush()  # the next round's prompts arrive cold again
+                    entry["repeats"].append(self._round(server))
+        except (RequestFailed, OSError, http.client.HTTPException, verify.ServerError) as error:
+            # The run goes on to the next setup; this one has no figures, and is not checked.
+            entry.pop("workloads", None)
+            entry["error"] = f"{type(error).__name__}: {error}\n{server.log()[-2000:]}"
         return entry
 
     def _round(self, server):
@@ -276,7 +297,7 @@ class ServingRun(real_server.Run):
                 check = real_server.verify(self, server, None, cache, radix=setup.radix)  # its recorded answers
                 entry["verify_ok"], entry["verify"] = check["ok"], check["verify"]
                 entry["verify_command"] = check["verify_command"]
-            if "error" not in entry and setup.long_prompts and long:
+            if "error" not in entry and setup.long_prompts and long and not self.args.skip_long_prompts:
                 entry["long_prompts"] = long_prompts(server, LONG_PROMPTS["setup"], self)
         finally:
             server.stop()
@@ -369,13 +390,19 @@ def run_requests(server, plan):
     def send(i):
         at, ids, tokens, *sampling = plan[i]
         time.sleep(max(0.0, start + at - time.monotonic()))
-        results[i] = stream(server.url, ids, tokens, **(sampling[0] if sampling else {}))
+        try:
+            results[i] = stream(server.url, ids, tokens, **(sampling[0] if sampling else {}))
+        except (RequestFailed, OSError, http.client.HTTPException) as error:
+            results[i] = error
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(len(plan))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    failed = [r for r in results if not isinstance(r, dict)]
+    if failed:  # a workload with a request missing measures something else: the setup's error, not a figure
+        raise RequestFailed(f"{len(failed)} of {len(plan)} requests failed, the first: {failed[0]!r}"[:500])
     return time.monotonic() - start, results
 
 
@@ -518,9 +545,10 @@ class RequestFailed(Exception):
     """The server answered the request with an error."""
 
 
-def stream(url, input_ids, max_new_tokens, timeout=900, **sampling):
+def stream(url, input_ids, max_new_tokens, timeout=900, on_first_token=None, **sampling):
     """One streamed /generate (greedy unless `sampling` says otherwise; ignore_eos): time to first
-    token, gaps between later tokens, the output ids, and the prompt's cached tokens."""
+    token, gaps between later tokens, the output ids, and the prompt's cached tokens.
+    on_first_token is called once the first token is in (a caller waiting for a batch to decode)."""
     params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True, **sampling}
     body = {"input_ids": input_ids, "stream": True, "sampling_params": params}
     host, port = url.split("//")[1].split(":")
@@ -539,6 +567,8 @@ def stream(url, input_ids, max_new_tokens, timeout=900, **sampling):
             raise RequestFailed(str(last["error"])[:400])
         tokens = last["meta_info"]["completion_tokens"]
         now = time.monotonic()
+        if on_first_token is not None and seen == 0 and tokens > 0:
+            on_first_token()
         times += [now] * (tokens - seen)
         seen = tokens
     connection.close()
