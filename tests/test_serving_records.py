@@ -177,3 +177,20 @@ def test_the_profile_recorded_what_it_says_it_profiled():
         # one sampling softmax per decode step: 8 profiled steps
         softmax = [v["count"] for k, v in decode["kernels"].items() if "SoftMaxForward" in k]
         assert softmax == [8], name
+
+
+def test_the_readmes_sentences_on_determinisms_cost_are_the_records():
+    """README.md's cost of determinism per shape, and its one sentence on where it goes."""
+    text = " ".join(TOP_README.split())
+    qwen, granite = setups(QWEN / "serving.json"), setups(GRANITE_SECOND)
+    for recorded, said in ((qwen, "{:.1f}x on rollouts and {:.1f}x on agents on Qwen2.5-7B's shape"),
+                           (granite, "{:.1f}x and {:.1f}x on Granite's")):
+        cost = [recorded["nondet-256"]["workloads"][w]["output_tok_s"] /
+                recorded["plugin-256-defaults"]["workloads"][w]["output_tok_s"] for w in ("rl", "agent")]
+        assert said.format(*cost) in text
+    decode = {s: e["scenarios"]["decode"]["breakdown_ms_per_step"] for s, e in setups(PROFILE).items()}
+    det, nondet = decode["plugin-256-defaults"], decode["nondet-256"]
+    assert (f"took {det['gemm']:.1f} ms of a {det['total']:.1f} ms decode step (64 requests, 2k tokens of context "
+            f"each) against cuBLAS's {nondet['gemm']:.1f} ms of {nondet['total']:.1f} ms, while attention took the "
+            f"same ({det['attention']:.1f} against {nondet['attention']:.1f} ms)") in text
+    assert f"a decode step {det['total']:.1f} ms of GPU time against triton's {decode['triton-256']['total']:.1f}" in text
