@@ -57,7 +57,7 @@ PROFILE_WAIT_S = 120
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--model-path", help="required unless --reanalyze")
     parser.add_argument("--dummy", action="store_true", help="--load-format dummy --skip-tokenizer-init (config.json only)")
     parser.add_argument("--setups", default="plugin-256-defaults,nondet-256,triton-256",
                         help=f"comma-separated, of serving.py's {', '.join(serving.SETUPS)}")
@@ -73,6 +73,8 @@ def main(argv=None):
     parser.add_argument("--reanalyze", action="store_true", help="redraw the breakdown of --out's kernels, start nothing")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    if not (args.reanalyze or args.model_path):
+        parser.error("--model-path is required to profile (only --reanalyze starts nothing)")
     if args.reanalyze:
         with open(args.out) as file:
             results = json.load(file)
