@@ -25,6 +25,7 @@ categories can be redrawn from the record alone (--reanalyze).
 import argparse
 import glob
 import gzip
+import http.client
 import json
 import os
 import random
@@ -49,10 +50,12 @@ CATEGORIES = (
     ("attention", r"BatchPrefill|BatchDecode|SinglePrefill|SingleDecode|MergeState|PersistentKernel|_fwd_|attention|attn"),
     ("gemm", r"gemm|matmul|nvjet|xmma|cutlass|cublas|mm_kernel|splitk"),
     ("norm", r"norm|mean_kernel|rsqrt|pow_tensor_scalar"),
-    ("sampling", r"sampl|softmax|argmax|top_?k|top_?p|multinomial|gumbel|exponential|philox|penalt"),
+    # murmur_hash32 seeds deterministic sampling per request; uniform_and_transform draws stock's noise
+    ("sampling", r"sampl|softmax|argmax|top_?k|top_?p|multinomial|gumbel|exponential|philox|penalt|murmur_hash|uniform"),
 )
 SCENARIOS = ("decode", "chunk")
 PROFILE_WAIT_S = 120
+PREFILL_WAIT_S = 600  # the whole batch's first tokens
 
 
 def main(argv=None):
@@ -119,7 +122,7 @@ def profile_setup(run, name, server):
     for scenario in SCENARIOS:
         try:
             entry["scenarios"][scenario] = SCENARIO_RUNS[scenario](run, server, name)
-        except (OSError, serving.RequestFailed, TimeoutError) as error:
+        except (OSError, http.client.HTTPException, serving.RequestFailed) as error:  # TimeoutError is an OSError
             entry["scenarios"][scenario] = {"error": f"{type(error).__name__}: {error}"[:1000]}
     return entry
 
@@ -157,9 +160,10 @@ def _decode_batch(run, server, seed, profile_dir):
     threads = [threading.Thread(target=send, args=(i, ids)) for i, ids in enumerate(prompts)]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + PREFILL_WAIT_S
     for _ in range(args.batch):
-        if not first_tokens.acquire(timeout=600):
-            raise TimeoutError("the batch's prefills did not end in 600 s")
+        if not first_tokens.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(f"the batch's prefills did not end in {PREFILL_WAIT_S} s")
     failed = [r for r in results if isinstance(r, Exception)]
     trace = start_profile(server, profile_dir, f"decode-{seed}", args.steps) if profile_dir and not failed else None
     for thread in threads:
