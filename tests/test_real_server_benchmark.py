@@ -4,6 +4,9 @@ its summary of the recorded H200 run. The servers themselves need a GPU (benchma
 
 import json
 import pathlib
+import socket
+import threading
+from types import SimpleNamespace
 
 from benchmarks import real_server
 
@@ -62,3 +65,17 @@ def test_the_recorded_granite_runs_cover_the_matrix_identical():
         assert any(said in line for line in entry["plugin_lines"]), (chunk, page, radix)
     refusals = [e for e in entries if "refusal" in e]
     assert len(refusals) == 3 and all(e["ok"] and not e["started"] for e in refusals)
+
+
+def test_a_port_something_listens_on_is_skipped():
+    """A server left over from an earlier run would answer the new server's /health: Run.port()
+    hands out the next port nothing listens on."""
+    with socket.socket() as leftover:
+        leftover.bind(("127.0.0.1", 0))
+        leftover.listen()
+        taken = leftover.getsockname()[1]
+        run = SimpleNamespace(next_port=taken - 1, lock=threading.Lock())
+        port = real_server.Run.port(run)
+        assert port > taken and run.next_port == port
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", port)) != 0

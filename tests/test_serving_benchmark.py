@@ -273,7 +273,7 @@ def serving_run(tmp_path, **args):
     """A ServingRun over Granite's config, as main() builds it, for one setup's timing."""
     defaults = dict(model_path="benchmarks/models/granite-3.1-8b", logs=str(tmp_path), out=str(tmp_path / "s.json"),
                     port=0, deadline_s=60, extra=[], workloads="rl,agent", groups=2, samples=2, conversations=2,
-                    turns=2, repeats=3, repeat_setups="plugin-256")
+                    turns=2, repeats=3, repeat_setups="plugin-256", skip_long_prompts=False)
     return serving.ServingRun(SimpleNamespace(**{**defaults, **args}))
 
 
@@ -344,3 +344,89 @@ def test_a_setup_is_verified_against_its_references_recorded_answers_alone(tmp_p
     assert check["ok"] is True and f"--recorded {cache}" in check["verify_command"]
     wrong = started(perturb=lambda request: ("output_id", 0))
     assert real_server.verify(run, wrong, None, cache, radix=True)["ok"] is False
+
+
+def test_a_workload_with_a_failed_request_raises_saying_how_many(stand_in):
+    """A workload missing a request measures something else: run_requests raises, naming the count,
+    instead of handing back a None among the results."""
+    Streaming.limit = 100
+    try:
+        plan = [(0.0, [1] * 50, 2), (0.0, [2] * 200, 2), (0.0, [3] * 50, 2)]
+        with pytest.raises(serving.RequestFailed, match=r"1 of 3 requests failed.*HTTP 400"):
+            serving.run_requests(stand_in, plan)
+    finally:
+        Streaming.limit = 10**9
+
+
+@pytest.mark.parametrize("name, failing", [("stock-4096", "warm-up"), ("plugin-256", "repeat")])
+def test_a_setup_whose_requests_fail_records_the_error_and_no_figures(stand_in, tmp_path, monkeypatch, name, failing):
+    """The run goes on to the next setup: a failure in the warm-up, or in a later round after the
+    first one's figures were in, is the entry's error, and the entry keeps no workloads."""
+    stand_in.plugin_lines, stand_in.describe, stand_in.log = (lambda: []), (lambda: {}), (lambda: "the server's log")
+    if failing == "warm-up":
+        monkeypatch.setattr(Streaming, "limit", 10000)  # the warm-up's 16384-token prompt is refused
+    else:
+        flush = serving.verify.Server.flush
+
+        def flush_then_refuse(self, *args, **kwargs):
+            flush(self, *args, **kwargs)
+            monkeypatch.setattr(Streaming, "limit", 500)  # the second round's prompts are refused
+
+        monkeypatch.setattr(serving.verify.Server, "flush", flush_then_refuse)
+    entry = serving_run(tmp_path)._time(name, stand_in)
+    assert "workloads" not in entry and entry["error"].startswith("RequestFailed: ")
+    assert "requests failed" in entry["error"] and entry["error"].endswith("the server's log")
+
+
+class FakeServer:
+    """A setup's server as ServingRun starts it, recording stop()."""
+
+    def __init__(self, run, name, *args, **kwargs):
+        self.name, self.stopped = name, 0
+
+    def stop(self):
+        self.stopped += 1
+
+
+def test_start_keeps_every_setup_server(tmp_path, monkeypatch):
+    """time_setups can stop only the servers it knows of."""
+    monkeypatch.setattr(serving, "Server", FakeServer)
+    run = serving_run(tmp_path, graph_bs=8)
+    started = [run._start("plugin-256"), run._start("triton-256", pool=1000)]
+    assert run.setup_servers == started and [s.name for s in started] == ["plugin-256", "triton-256"]
+
+
+def test_an_interrupted_run_stops_every_setup_server_it_started(tmp_path, monkeypatch):
+    """The device call's limit interrupts a run mid-setup: the server being timed and the one still
+    in its checks (which would stop it) are both stopped, and the interruption goes on up."""
+    monkeypatch.setattr(serving, "Server", FakeServer)
+    timed = []
+
+    def time_then_interrupt(self, name, server):
+        timed.append(name)
+        if len(timed) == 2:
+            raise KeyboardInterrupt
+        return {"setup": name}
+
+    monkeypatch.setattr(serving.ServingRun, "_time", time_then_interrupt)
+    monkeypatch.setattr(serving.ServingRun, "_check", lambda self, name, server, entry, long=True: None)  # still checking
+    run = serving_run(tmp_path, graph_bs=8, deadline_s=3600)
+    with pytest.raises(KeyboardInterrupt):
+        run.time_setups(["plugin-256", "triton-256", "nondet-256"])
+    assert timed == ["plugin-256", "triton-256"]
+    assert [s.name for s in run.setup_servers] == ["plugin-256", "triton-256"]
+    assert all(s.stopped >= 1 for s in run.setup_servers)
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_skip_long_prompts_leaves_the_long_prompts_out_of_the_checks(tmp_path, monkeypatch, skip):
+    """--skip-long-prompts: the workloads and verify alone, no single long prompts after them."""
+    probed = []
+    monkeypatch.setattr(serving, "long_prompts", lambda server, lengths, run: probed.append(lengths) or ["probed"])
+    monkeypatch.setitem(serving.SETUPS, "unchecked-long", serving.Setup("long prompts, no reference", 256, serving.PLUGIN,
+                                                                        reference=None, long_prompts=True))
+    run = serving_run(tmp_path, skip_long_prompts=skip)
+    server = SimpleNamespace(stop=lambda: None)
+    run._check("unchecked-long", server, {"setup": "unchecked-long"})
+    assert probed == ([] if skip else [serving.LONG_PROMPTS["setup"]])
+    assert ("long_prompts" in run.results["setups"][0]) is not skip

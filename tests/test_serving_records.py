@@ -148,16 +148,15 @@ PROFILE_LABELS = {"plugin-256-defaults": "plugin (deterministic flashinfer)",
                   "nondet-256": "non-deterministic flashinfer", "triton-256": "deterministic triton"}
 
 
-def test_the_profile_table_is_the_record_and_its_categories_redraw_it():
-    """benchmarks/README.md's breakdown is profile.json's, and profile.json's breakdown is what
-    CATEGORIES make of its kernels today (a category changed without --reanalyze fails here)."""
+def test_the_profile_table_is_the_record():
+    """benchmarks/README.md's breakdown is profile.json's (which test_profile_determinism holds to
+    what CATEGORIES make of its kernels today)."""
     profiled = setups(PROFILE)
     rows = table_after(BENCH_README, "## Where determinism's cost goes")
     for name, label in PROFILE_LABELS.items():
         for scenario, measured in (("decode", "itl_p50_s_unprofiled"), ("chunk", "ttft_p50_s_unprofiled")):
             result = profiled[name]["scenarios"][scenario]
             breakdown = result["breakdown_ms_per_step"]
-            assert breakdown == profile_determinism.breakdown(result["kernels"], result["steps"]), (name, scenario)
             cells = rows[f"{scenario}, {label}"]
             keys = ("attention", "gemm", "norm", "sampling", "rest", "total")
             assert cells[:6] == [f"{breakdown[k]:.2f}" for k in keys], (name, scenario)
