@@ -24,6 +24,7 @@ def schedule_stats(schedule, requests):
         prefill_steps=schedule["prefill_steps"],
         decode_steps=schedule["decode_steps"],
         extends=len(entries),
+        fa2_calls=len(fa2_calls(schedule)),
         mean_batch=round(len(entries) / max(1, schedule["prefill_steps"]), 2),
         chunked_requests=sum(n > 1 for n in extends_per_req.values()),
         starts_off_128=sum(s % GRID_TOKENS != 0 for _, s, _ in entries),
@@ -32,6 +33,12 @@ def schedule_stats(schedule, requests):
         retracted=schedule["retracted"],
         aborted=len(schedule["aborted"]),
     )
+
+
+def fa2_calls(schedule):
+    """The schedule's fa2 prefill calls: its steps, split by tile class where the scheduler driver
+    recorded split attention's calls (schedules recorded before it have steps alone)."""
+    return schedule.get("calls", schedule["steps"])
 
 
 def predict_hazards(schedule, requests, shape: ModelShape, facts=None):
@@ -55,7 +62,7 @@ def predict_hazards(schedule, requests, shape: ModelShape, facts=None):
     solo_tile = {rid: facts.cta_tile(r.prompt_len * g, d) for rid, r in requests.items()}
     spans = {rid: [] for rid in requests}  # rid -> [(first row, end row, hazards)]
     partial_tiles = {rid: [] for rid in requests}  # rid -> [(first row, end row)] of partial q-tiles
-    for step in schedule["steps"]:
+    for step in fa2_calls(schedule):
         tile = facts.cta_tile(sum((e - s) * g for _, s, e in step) // len(step), d)
         for rid, s, e in step:
             tile_start = e * g // tile * tile // g  # tokens; the start of the tile holding row e - 1

@@ -38,7 +38,7 @@ from dataclasses import asdict
 from sglang_chunk_align.tools import fa2
 from sglang_chunk_align.kernel_facts import facts_for
 
-from .analysis import predict_hazards, prediction_summary, schedule_stats
+from .analysis import fa2_calls, predict_hazards, prediction_summary, schedule_stats
 from .scheduling import donor_runs, load_requests, schedule_workload
 from .workload import CONFIGS, OFF_GRID_CHUNK_CONFIGS, SHAPES, UNCAPPED_KV_TOKENS, WORKLOAD_SEED, WORKLOADS, ModelShape, WorkloadSpec
 
@@ -218,7 +218,7 @@ def replay(doc, shapes=SHAPES, device="cuda", make_kernel=Fa2PagedPrefill):
                 alone = [[(rid, 0, r.prompt_len)] for rid, r in requests.items()]
                 solo[split] = run_batches(content, kernel, alone, split)
                 kernel.take_timing()
-            out = run_batches(content, kernel, schedule["steps"], split)
+            out = run_batches(content, kernel, fa2_calls(schedule), split)
             plan_calls, plan_ms, kernel_ms = kernel.take_timing()
             per_request = compare(content, out, solo[split], schedule, requests)
             del out

@@ -23,6 +23,9 @@ RADIX_CACHE_ENV = "SGLANG_CHUNK_ALIGN_RADIX_CACHE"
 # Set to 1 to bound how long decoding requests wait behind prefill chunks (decode_wait.py); unset or 0
 # keeps stock's prefill-first order, where they wait behind every queued chunk.
 DECODE_WAIT_ENV = "SGLANG_CHUNK_ALIGN_DECODE_WAIT"
+# Set to 0 to run every prefill batch as one fa2 call, requests waiting to keep it on one tile, as
+# before split attention (split_attention.py); unset or 1 splits a batch by tile class.
+SPLIT_ATTENTION_ENV = "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION"
 # Where the grid rules run but do not reach radix hits and the tree (scheduler start, doctor).
 RADIX_OPT_IN_NEEDS = (
     f"{RADIX_CACHE_ENV}=1 needs SGLang {releases.RADIX_OPT_IN} or newer, where the grid rules reach "
@@ -31,7 +34,9 @@ RADIX_OPT_IN_NEEDS = (
 # Why the grid rules cannot make radix hits exact with a mamba prefix cache.
 MAMBA_NEEDS = "a prefix rounded to the grid would need a mamba state there"
 # The environment switches and their defaults (README, "Switches"); None: unset is a third value.
-SWITCHES = {RULES_ENV: True, RADIX_CACHE_ENV: None, DECODE_WAIT_ENV: False, ALLOW_UNTESTED_ENV: False}
+SWITCHES = {
+    RULES_ENV: True, RADIX_CACHE_ENV: None, DECODE_WAIT_ENV: False, SPLIT_ATTENTION_ENV: True, ALLOW_UNTESTED_ENV: False,
+}
 
 
 class ChunkAlignError(RuntimeError):

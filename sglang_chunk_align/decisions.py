@@ -16,7 +16,7 @@ and its prompt ends at `prompt_len`. What the adder's state adds:
 
 import logging
 
-from .planning import KEEP, RIDE, WAIT, chunk_end, tile_conflicts
+from .planning import KEEP, RIDE, WAIT, chunk_end, split_by_tile, tile_conflicts
 
 logger = logging.getLogger("sglang_chunk_align")
 
@@ -86,11 +86,13 @@ def ignore_eos_end(rules, start, budget, prompt_len, others, chunk_in_batch):
 def deferral(rules, parked, members, start, prompt_len):
     """Why a new request starting at `start` waits, or None where it may be admitted: behind a
     chunked request `parked` this step (requests behind it would take its KV memory), or because
-    it would move a batch member off its solo tile. `members`: (extend_len, kv_len, prompt_len) of
-    the requests admitted before it.
+    some batch member would run off its solo tile. `members`: (extend_len, kv_len, prompt_len) of
+    the requests admitted before it. Where the backend splits attention by tile class
+    (rules.split_attention), only what splitting cannot fix counts (split_by_tile's off_tile);
+    elsewhere every member must share the batch's one tile.
 
     Its extend is not known before admission, but it is at least
-    min(remaining, min_tail) tokens; the batch tile only grows with it, and
+    min(remaining, min_tail) tokens; its call's tile only grows with it, and
     any conflict this bound misses is the candidate's own, which it catches.
     Its KV is taken as its whole prompt, so that the short-KV exemption
     never excuses it on the strength of that lower bound.
@@ -99,10 +101,22 @@ def deferral(rules, parked, members, start, prompt_len):
         return "behind a chunked request that waits this step"
     if not members:
         return None
-    extend = min(prompt_len - start, rules.min_tail)
-    if tile_conflicts([*members, (extend, prompt_len, prompt_len)], rules):
-        return "to keep batch members on their solo tiles"
-    return None
+    batch = [*members, (min(prompt_len - start, rules.min_tail), prompt_len, prompt_len)]
+    conflicts = split_by_tile(batch, rules).off_tile if rules.split_attention else tile_conflicts(batch, rules)
+    return "to keep batch members on their solo tiles" if conflicts else None
+
+
+def tile_groups(rules, extend_lens, kv_lens):
+    """The fa2 calls split attention runs a prefill batch as: split_by_tile's groups of batch
+    indices, or None where one call serves every member (the stock path).
+
+    The backend sees each request's extend and KV end, not its prompt's length.
+    Under the grid rules the KV end stands for it: an extend that ends before
+    its prompt does is at least min_tail tokens long, so its KV end is in the
+    full-tile class, as its prompt is; any other extend ends its prompt.
+    """
+    groups = split_by_tile([(e, kv, kv) for e, kv in zip(extend_lens, kv_lens)], rules).groups
+    return groups if len(groups) > 1 else None
 
 
 def _grid_end(rules, start, budget, prompt_len, tail):

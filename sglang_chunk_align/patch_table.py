@@ -12,7 +12,7 @@ wrapped function's row also holds what its wrapper relies on there
 tests/test_release_wheels.py checks in every release's source.
 """
 
-from . import backends, decode_wait, prefill_hooks, releases, scheduler_hooks
+from . import backends, decode_wait, prefill_hooks, releases, scheduler_hooks, split_attention
 from .patches import ALL_RELEASES, Declare, Wrap
 
 _ATTN = "sglang.srt.layers.attention."
@@ -141,9 +141,13 @@ PATCH_POINTS = (
          f"{GRID_RULES_RELEASES},<{releases.FLOOR_CHUNKED_TOKENS}", grid_rule=True, signature="self, req",
          statements=("trunc_len = self.rem_chunk_tokens",)),  # the chunk budget the cut is taken from
     Wrap(_POLICY, "PrefillAdder.add_one_req", prefill_hooks.keep_solo_tiles,
-         "fa2 picks one tile per batch; thin batches move members off their solo tile, "
+         "fa2 picks one tile per call; a member split attention cannot keep on its solo tile waits, "
          "and requests behind a waiting chunked request would take its KV memory", GRID_RULES_RELEASES,
          grid_rule=True, signature="self, req, has_chunked_req, truncation_align_size"),
+    Wrap(_ATTN + "flashinfer_backend", "FlashInferAttnBackend.init_forward_metadata", split_attention.plan_by_tile,
+         "fa2 plans one tile per call; a batch mixing tile classes runs as one call per class", GRID_RULES_RELEASES,
+         grid_rule=True, signature="self, forward_batch",
+         calls=(("self.indices_updater_prefill.update", "prefill_wrappers"),)),
     Wrap("sglang.srt.mem_cache.unified_radix_cache", "UnifiedRadixCache.checkpoint", prefill_hooks.publish_full_tiles,
          "the tree would serve KV computed in a prompt's partial final q-tile, or by decode", _RADIX,
          grid_rule=True, signature="self, req, ..., *, up_to"),

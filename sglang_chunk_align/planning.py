@@ -54,13 +54,17 @@ class Rules:
     alone re-derived costs a continuation decision ~25 µs. A slots class, not a dataclass: this
     module loads in every SGLang process (patches.py says why)."""
 
-    __slots__ = ("group", "head_dim", "page_size", "facts", "grid", "min_tail", "exempt_kv", "tile_grid")
+    __slots__ = ("group", "head_dim", "page_size", "facts", "split_attention", "grid", "min_tail", "exempt_kv",
+                 "tile_grid")
 
-    def __init__(self, group=1, head_dim=None, page_size=1, facts=None):
+    def __init__(self, group=1, head_dim=None, page_size=1, facts=None, split_attention=False):
         self.group = group  # packed rows per token: q heads per KV head as fa2 is planned (1: unknown)
         self.head_dim = head_dim  # None: unknown, tiles compared at every head_dim, no short-KV exemption
         self.page_size = page_size  # SGLang's KV page: a reused prefix ends on a page
         self.facts = facts = facts_in_force() if facts is None else facts  # kernel_facts.KernelFacts
+        # Whether the backend runs a batch as one fa2 call per tile class (split_attention.py), so
+        # that members of different classes may share a batch.
+        self.split_attention = split_attention
         rows = facts.grid_rows
         # Tokens; every extend starts on a multiple of it.
         self.grid = math.lcm(q_tile_grid(rows, group), page_size) if rows else page_size
@@ -73,7 +77,7 @@ class Rules:
         self.tile_grid = math.lcm(q_tile_grid(facts.cta_tile(1 << 30, 0), group), page_size)
 
     def _given(self):
-        return self.group, self.head_dim, self.page_size, self.facts
+        return self.group, self.head_dim, self.page_size, self.facts, self.split_attention
 
     def __eq__(self, other):  # rules are equal where they were given the same; the rest derives
         return type(other) is Rules and self._given() == other._given()
@@ -82,7 +86,7 @@ class Rules:
         return hash(self._given())
 
     def __repr__(self):
-        return "Rules(group={}, head_dim={}, page_size={}, facts={!r})".format(*self._given())
+        return "Rules(group={}, head_dim={}, page_size={}, facts={!r}, split_attention={})".format(*self._given())
 
     def solo_tile(self, prompt_len):
         return self.facts.cta_tile(prompt_len * self.group, self.head_dim)

@@ -12,11 +12,12 @@ signature; patch_table.py says where each one goes.
 import logging
 import sys
 
-from . import decode_wait, prefill_hooks, releases
+from . import decode_wait, prefill_hooks, releases, split_attention
 from .alignment import chunk_size_error
 from .backends import NOTHING, facts_needed, planned_prefill
 from .compat import (
-    DECODE_WAIT_ENV, RULES_ENV, SWITCHES, check_switches, env_flag, installed_version, radix_cache, sglang_at_least,
+    DECODE_WAIT_ENV, RULES_ENV, SPLIT_ATTENTION_ENV, SWITCHES, check_switches, env_flag, installed_version, radix_cache,
+    sglang_at_least,
 )
 from .planning import Rules
 
@@ -123,7 +124,7 @@ def _decide(scheduler, rules_available):
     if not startup.armed:
         return startup
     if scheduler.truncation_align_size is not None and rules_available and env_flag(RULES_ENV, True):
-        startup.rules = _rules_for(scheduler, declared.geometry, facts)
+        startup.rules = _rules_for(scheduler, declared, facts)
     startup.radix, startup.radix_refusal = _radix_cache(scheduler)
     startup.decode_wait, startup.decode_wait_note = _decode_wait(scheduler)
     return startup
@@ -195,17 +196,24 @@ def _workspace_refusal(scheduler, startup):
     return None
 
 
-def _rules_for(scheduler, geometry, facts):
-    """The grid rules for the live backend's q-tile geometry and `facts`; conservative where it does not say."""
+def _rules_for(scheduler, declared, facts):
+    """The grid rules for the live backend's declaration and `facts`: its q-tile geometry
+    (conservative where it does not say), and split attention where every fa2 backend it is for
+    can split its prefill (split_attention.serves) and the switch leaves it on."""
     page_size = getattr(scheduler, "page_size", None) or 1
+    split = env_flag(SPLIT_ATTENTION_ENV, SWITCHES[SPLIT_ATTENTION_ENV]) and all(map(split_attention.serves, declared.fa2))
+    geometry = declared.geometry
     if geometry is None:
-        return Rules(page_size=page_size, facts=facts)
-    return Rules(group=geometry.group, head_dim=geometry.head_dim, page_size=page_size, facts=facts)
+        return Rules(page_size=page_size, facts=facts, split_attention=split)
+    return Rules(group=geometry.group, head_dim=geometry.head_dim, page_size=page_size, facts=facts,
+                 split_attention=split)
 
 
 def _describe_rules(rules, declared):
     source = declared.source if declared.geometry else "geometry unknown: the conservative rules for every model"
-    return f"on: {rules.describe()}, from {source}"
+    split = ("split attention on: one fa2 call per tile class" if rules.split_attention
+             else "split attention off: requests wait to keep each batch on one tile")
+    return f"on: {rules.describe()}, from {source}; {split}"
 
 
 def _refuse_paths_the_rules_cannot_keep(server_args):

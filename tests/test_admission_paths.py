@@ -39,7 +39,7 @@ def adder_with(chunk, kv_tokens, rules, max_new_tokens=2):
         standins.run_alignment_steps(standins.scheduler(server_args, standins.flashinfer_backend()))
         if not rules:
             prefill_hooks.activate(None)
-        assert prefill_hooks.rules_in_force() == (Rules() if rules else None)
+        assert prefill_hooks.rules_in_force() == (Rules(split_attention=True) if rules else None)
         kv = MHATokenToKVPool(kv_tokens, 1, torch.bfloat16, 1, 1, 1, "cpu", False)
         allocator = TokenToKVPoolAllocator(kv_tokens, torch.bfloat16, "cpu", kv, need_sort=False)
         req_pool = ReqToTokenPool(4, 4096, "cpu", False)

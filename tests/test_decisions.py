@@ -9,7 +9,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from sglang_chunk_align.decisions import (
-    admission_end, continuation_cut, deferral, ignore_eos_end, riding_slack, short_tail,
+    admission_end, continuation_cut, deferral, ignore_eos_end, riding_slack, short_tail, tile_groups,
 )
 from sglang_chunk_align.kernel_facts import FI072, FI074
 from sglang_chunk_align.planning import KEEP, RIDE, WAIT, Rules
@@ -216,6 +216,40 @@ def test_a_new_request_waits_behind_a_parked_continuation_and_for_solo_tiles():
     assert deferral(Rules(head_dim=128), False, [(40, 40, 1000)], 0, 60) is not None
     # Its extend may be as short as min_tail (65): beside a 10-token member, 37 tokens on average.
     assert deferral(Rules(head_dim=128), False, [(10, 10, 10)], 0, 2000) == "to keep batch members on their solo tiles"
+
+
+def test_split_attention_defers_only_what_one_call_per_tile_class_cannot_keep_on_its_tile():
+    split = Rules(head_dim=128, split_attention=True)
+    assert deferral(split, True, [], 0, 1000) is not None  # a parked continuation still holds the queue
+    # Each of these waits without split attention (above); split, each class gets its own call.
+    assert deferral(split, False, [(256, 256, 1000)], 0, 50) is None
+    assert deferral(split, False, [(60, 60, 60)], 0, 1000) is None
+    assert deferral(split, False, [(10, 10, 10)], 0, 2000) is None
+    # What a split cannot fix: a 10-token final piece over 1024 cached, alone in the 128-row class,
+    # gets a small tile in any call of its own; a 100-token prompt in its class keeps it waiting.
+    assert deferral(split, False, [(10, 1034, 1034)], 0, 100) == "to keep batch members on their solo tiles"
+    assert deferral(Rules(head_dim=128), False, [(10, 1034, 1034)], 0, 100) is not None
+
+
+@given(members=st.lists(st.tuples(st.integers(1, 600), st.integers(0, 1500), st.integers(0, 1500)), min_size=1,
+                        max_size=8),
+       group=st.sampled_from([1, 2, 4, 8]), head_dim=st.sampled_from([None, 128, 256]))
+def test_split_calls_partition_the_batch_and_keep_rules_made_members_on_their_solo_tiles(members, group, head_dim):
+    """tile_groups over what the backend sees (extend, KV end) of extends the grid rules make
+    (over a cached prefix, or ending before the prompt does, an extend is at least min_tail
+    long): every member in exactly one call, and each call gives each member its solo tile, as
+    kernel_oracle judges from the facts alone."""
+    rules = Rules(group=group, head_dim=head_dim, split_attention=True)
+    batch = []  # (start, end, prompt_len)
+    for extend, cached, rest in members:
+        cached = cached // rules.grid * rules.grid  # every extend starts on the grid
+        if cached or rest:
+            extend = max(extend, rules.min_tail)
+        batch.append((cached, cached + extend, cached + extend + rest))
+    groups = tile_groups(rules, [e - s for s, e, _ in batch], [e for _, e, _ in batch]) or (tuple(range(len(batch))),)
+    assert sorted(i for g in groups for i in g) == list(range(len(batch)))
+    for g in groups:
+        assert not oracle.call_problems(rules.facts, group, head_dim, [batch[i] for i in g]), (batch, groups)
 
 
 @pytest.mark.parametrize("members", [[], [(256, 256, 1000)]])

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from benchmarks import analysis, scheduling, workload
 from sglang_chunk_align import kernel_facts, prefill_hooks, releases
 from sglang_chunk_align.harness import scheduler_driver
-from sglang_chunk_align.compat import sglang_at_least
+from sglang_chunk_align.compat import SPLIT_ATTENTION_ENV, env_flag, sglang_at_least
 from sglang_chunk_align.planning import Rules
 from tests import kernel_oracle as oracle
 
@@ -57,23 +57,29 @@ def _run_schedule(prompts, chunk, kv_tokens, radix, rules, shape, page_size):
     cfg = workload.SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True, rules=rules)
     with scheduler_driver.sglang_config(cfg, radix, page_size) as server_args:
         align = scheduler_driver.truncation_align_size(server_args, shape, page_size)
+        split = env_flag(SPLIT_ATTENTION_ENV, True)
         assert prefill_hooks.rules_in_force() == (
-            None if not rules else Rules(shape.group, shape.head_dim, page_size) if shape else Rules(page_size=page_size)
+            None if not rules
+            else Rules(shape.group, shape.head_dim, page_size, split_attention=split) if shape
+            else Rules(page_size=page_size, split_attention=split)
         )
         return requests, scheduler_driver.SchedulerDriver(spec, cfg, radix, align, page_size).run(arrivals)
 
 
 def assert_every_batch_is_exact(requests, result, chunk, rules=RULES, shape=None):
-    """Every batch keeps its members exact as tests/kernel_oracle.py judges one fa2 call (from the
-    kernel facts alone, not the rules' own lengths), every extend starts on a KV page, and every
-    request finishes; for a known model shape, the replay benchmark's hazard predictor agrees."""
+    """Every fa2 call keeps its members exact as tests/kernel_oracle.py judges one (from the kernel
+    facts alone, not the rules' own lengths), every extend starts on a KV page, and every request
+    finishes; for a known model shape, the replay benchmark's hazard predictor agrees. The calls
+    are the batches, or under split attention the groups the backend splits them into."""
     lengths = {r.rid: r.prompt_len for r in requests}
     finished = {rid: 0 for rid in lengths}
-    for step in result["steps"]:
-        members = [(start, end, lengths[rid]) for rid, start, end in step]
+    # the calls run every extend of the batches, once
+    assert sorted(e for call in result["calls"] for e in call) == sorted(e for step in result["steps"] for e in step)
+    for call in result["calls"]:
+        members = [(start, end, lengths[rid]) for rid, start, end in call]
         problems = oracle.call_problems(rules.facts, rules.group, rules.head_dim, members)
-        assert not problems, (step, problems)
-        for rid, start, end in step:
+        assert not problems, (call, problems)
+        for rid, start, end in call:
             assert start % rules.page_size == 0, f"request {rid} starts at {start}, off a page"
             finished[rid] = max(finished[rid], end)
     assert all(finished[rid] >= lengths[rid] for rid in lengths), "a request never finished prefill"
@@ -139,11 +145,20 @@ def test_radix_hit_is_rounded_down_to_the_grid():
     assert_every_batch_is_exact(requests, result, 256)
 
 
-def test_short_prompt_waits_for_a_batch_on_its_own_tile():
-    requests, result = run_schedule([(2000, 0, 0), (50, 0, 0)], 256, 16384, radix=False)
-    assert_every_batch_is_exact(requests, result, 256)
-    (together,) = [s for s in result["steps"] if {rid for rid, _, _ in s} == {1}]
-    assert together == [(1, 0, 50)]
+@pytest.mark.parametrize("split", [True, False])
+def test_a_short_prompt_beside_a_long_one_runs_in_its_own_call_or_waits_for_its_own_batch(split, monkeypatch):
+    """GQA 1: a 50-token prompt gets the 64-row tile alone, the 128-row one beside a 900-token
+    prompt. Split attention runs them in one step as two fa2 calls; without it the short one waits."""
+    if not split:
+        monkeypatch.setenv(SPLIT_ATTENTION_ENV, "0")
+    shape = SHAPES["g1-d128"]
+    requests, result = run_schedule([(900, 0, 0), (50, 0, 0)], 1024, 16384, radix=False, shape=shape)
+    assert_every_batch_is_exact(requests, result, 1024, Rules(1, 128), shape)
+    if split:
+        assert result["steps"][0] == [(0, 0, 900), (1, 0, 50)]
+        assert result["calls"][:2] == [[(0, 0, 900)], [(1, 0, 50)]]
+    else:
+        assert result["steps"][:2] == [[(0, 0, 900)], [(1, 0, 50)]] == result["calls"][:2]
 
 
 @needs_radix_opt_in

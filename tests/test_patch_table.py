@@ -30,13 +30,14 @@ def _is_stock(stock):
     return all(now[name] is value for name, value in stock.items())
 
 
-def test_the_grid_rule_points_are_the_prefill_hooks():
+def test_the_grid_rule_points_are_the_prefill_hooks_and_split_attention():
     """doctor reports these off under SGLANG_CHUNK_ALIGN_RULES=0: exactly the wrappers that run the rules."""
-    from sglang_chunk_align import prefill_hooks
+    from sglang_chunk_align import prefill_hooks, split_attention
 
+    rule_modules = {prefill_hooks.__name__, split_attention.__name__}
     for point in patch_table.PATCH_POINTS:
         wrapper = getattr(point, "wrapper", None)
-        assert point.grid_rule == (getattr(wrapper, "__module__", None) == prefill_hooks.__name__), point.name
+        assert point.grid_rule == (getattr(wrapper, "__module__", None) in rule_modules), point.name
 
 
 def test_every_wrapped_function_names_the_parameters_its_wrapper_reads():

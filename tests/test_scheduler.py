@@ -171,11 +171,12 @@ def test_mixed_chunk_stays_on_without_the_rules(plugin, monkeypatch):
 def test_rules_take_the_grid_from_the_planned_heads_and_log_it(plugin, caplog):
     with caplog.at_level("INFO", logger="sglang_chunk_align"):
         scheduler_alignment(lambda: flashinfer_backend(planned=(32, 8, 128)), chunk=128, state={"page_size": 16})
-    assert prefill_hooks.rules_in_force() == Rules(group=4, head_dim=128, page_size=16)
+    assert prefill_hooks.rules_in_force() == Rules(group=4, head_dim=128, page_size=16, split_attention=True)
     assert (
         "grid rules on: 32-token grid, pieces over 16 tokens (GQA group 4, head_dim 128, page 16; "
         f"{installed_facts().describe()}), "  # SGLang 0.5.23 pins flashinfer 0.7.2 (measured), 0.5.22 0.7.1 (not)
-        "from FlashInferAttnBackend.indices_updater_prefill: 32 q / 8 KV heads, head_dim 128"
+        "from FlashInferAttnBackend.indices_updater_prefill: 32 q / 8 KV heads, head_dim 128; "
+        "split attention on: one fa2 call per tile class"
     ) in caplog.text
     # Chunk 128 is exact: its short final pieces ride along. (An unmeasured flashinfer warns of that alone.)
     assert not [r for r in caplog.records if r.levelname == "WARNING" and "kernel facts were not measured" not in r.getMessage()]
@@ -220,8 +221,24 @@ def test_an_unmeasured_flashinfer_gets_the_strictest_facts_and_one_warning(plugi
 def test_rules_stay_conservative_where_the_geometry_is_unknown(plugin, caplog):
     with caplog.at_level("INFO", logger="sglang_chunk_align"):
         scheduler_alignment(chunk=256)
-    assert prefill_hooks.rules_in_force() == Rules()
+    assert prefill_hooks.rules_in_force() == Rules(split_attention=True)
     assert "128-token grid, pieces over 64 tokens" in caplog.text and "geometry unknown" in caplog.text
+
+
+@needs_grid_rules
+@pytest.mark.parametrize("why", ["switched off", "multi-item scoring"])
+def test_without_split_attention_requests_wait_for_one_tile_and_the_log_says_so(plugin, monkeypatch, caplog, why):
+    """SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION=0, or a backend whose plan a group cannot take a slice
+    of (split_attention.serves): the rules keep deferring, as before split attention."""
+    state = {}
+    if why == "switched off":
+        monkeypatch.setenv("SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION", "0")
+    else:
+        state = dict(enable_mis=True)
+    with caplog.at_level("INFO", logger="sglang_chunk_align"):
+        scheduler_alignment(lambda: flashinfer_backend(planned=(32, 8, 128), **state), chunk=128)
+    assert prefill_hooks.rules_in_force() == Rules(group=4, head_dim=128)
+    assert "split attention off: requests wait to keep each batch on one tile" in caplog.text
 
 
 @needs_grid_rules

@@ -9,8 +9,10 @@ releases with the grid rules spell differently are branched where they are
 made). Stand-ins replace only what needs a GPU or a model: the model runner
 (no forward pass: each step samples a fixed token), ModelConfig, and the
 backend and Scheduler whose alignment steps run (standins.py). Every prefill
-step's batch is recorded as (request, start, end) extends, and radix hits are
-followed to the request that computed the reused KV (the "donor").
+step's batch is recorded as (request, start, end) extends, with the fa2 calls
+the backend runs it in (`calls`: one per tile class under split attention),
+and radix hits are followed to the request that computed the reused KV (the
+"donor").
 
 What it takes is duck-typed, so that the package never imports the benchmarks:
 a scheduling configuration (name, chunk, deterministic, split_tile_env, plugin,
@@ -26,9 +28,10 @@ import os
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-from .. import releases
+from .. import prefill_hooks, releases
 from . import standins
 from ..compat import req_extend_end, req_prefix_len, sglang_at_least
+from ..decisions import tile_groups
 
 # The stand-in model: its vocabulary, and the token it samples for request rid (OUTPUT_BASE + rid),
 # unique per request and above every prompt token the workloads draw.
@@ -142,7 +145,7 @@ class SchedulerDriver:
         # Which request computed the KV in each slot, and at which position.
         self.slot_rid = torch.full((spec.kv_tokens + page_size,), -1, dtype=torch.int64)
         self.slot_pos = torch.full((spec.kv_tokens + page_size,), -1, dtype=torch.int64)
-        self.steps, self.donors = [], {}
+        self.steps, self.calls, self.donors = [], [], {}
         self.extended_to = {}  # rid -> end of its last extend while it holds its KV row
         self.stats = dict(prefill_steps=0, decode_steps=0, retracted=0, aborted=[], radix_hit_tokens=0)
 
@@ -179,7 +182,7 @@ class SchedulerDriver:
             else:
                 break
             step += 1
-        return dict(steps=self.steps, donors=self.donors, **self.stats)
+        return dict(steps=self.steps, calls=self.calls, donors=self.donors, **self.stats)
 
     def merge_last_prefill(self):
         """get_next_batch_to_run's head: stash the chunked request, merge the last prefill."""
@@ -290,6 +293,7 @@ class SchedulerDriver:
             self.slot_pos[slots] = torch.arange(start, end)
             entries.append((rid, start, end))
         self.steps.append(entries)
+        self.calls.extend(fa2_calls(entries))
         self.stats["prefill_steps"] += 1
         for req in batch.reqs:
             if req.inflight_middle_chunks > 0:
@@ -342,6 +346,16 @@ class SchedulerDriver:
             req.update_finish_state()
             if req.finished():
                 release_kv(req, self.tree)
+
+
+def fa2_calls(entries):
+    """A prefill step's (rid, start, end) extends as the fa2 calls the backend runs them in: one
+    per tile class where the rules in force split attention (split_attention.plan_by_tile),
+    else one."""
+    rules = prefill_hooks.rules_in_force()
+    groups = rules is not None and rules.split_attention and tile_groups(
+        rules, [end - start for _, start, end in entries], [end for _, _, end in entries])
+    return [[entries[i] for i in group] for group in groups] if groups else [entries]
 
 
 def checkpoint_kv(req, tree, stash=False):
