@@ -12,7 +12,11 @@ various cached prefixes), each member's rows are computed three ways:
 
 - solo: its whole prompt alone, one call (how the kernel facts were measured);
 - split: one call per group of split_by_tile, each planned over that group;
-- mixed: the whole batch in one call, as stock runs it (the control).
+- mixed: the whole batch in one call, as stock runs it (the control);
+- backend: the whole batch through the plugin's own split_attention.SplitPrefill, on
+  flashinfer wrappers sharing one workspace, planned with the whole batch's
+  arguments as SGLang plans its wrappers, split where decisions.tile_groups
+  splits from what the backend sees (extend and KV lengths): the code servers run.
 
 Every call is sglang_chunk_align/tools/fa2.py's PagedPrefill, planned as
 SGLang's deterministic flashinfer backend plans it (through
@@ -21,8 +25,7 @@ Q/K/V). The premise holds where every member split_by_tile puts on its solo
 tile is exact, and the control differs for some member the mixed call moves
 off its tile (otherwise these batches do not show that the tile matters).
 
-Not run yet (benchmarks/README.md, "Split attention: the premise probe").
-Run from the repository root:
+Run from the repository root (benchmarks/README.md, "Split attention"):
 python3 -m benchmarks.probe_split_attention --json benchmarks/logs/split_attention_h200.json
 """
 
@@ -34,7 +37,9 @@ from typing import NamedTuple
 from benchmarks.replay_determinism import Content, Fa2PagedPrefill, _max_abs, run_batches
 from benchmarks.workload import SHAPES, RequestSpec
 from sglang_chunk_align.kernel_facts import installed_facts
+from sglang_chunk_align.decisions import tile_groups
 from sglang_chunk_align.planning import Rules, split_by_tile
+from sglang_chunk_align.split_attention import SplitPrefill
 from sglang_chunk_align.tools import fa2
 
 HOLDS, DOES_NOT_HOLD, INCONCLUSIVE = "holds", "does NOT hold", "inconclusive"
@@ -93,10 +98,30 @@ def on_tile(member, call):
     return member["exempt"] or member[f"{call}_tile"] == member["solo_tile"]
 
 
-def measure(shape, rules, batch, kernel, device="cuda"):
-    """The batch's members, predicted and measured: rows of the split and the mixed calls against
-    each member's solo rows. `kernel` is called as run_batches calls it (Fa2PagedPrefill on the GPU;
-    the tests pass a stand-in on the CPU)."""
+def run_backend(content, rules, extends, new_wrapper, plan_args, plan_kwargs, forward_args):
+    """The batch of (rid, start, end) extends in one SplitPrefill, as the backend runs it: planned
+    once with the whole batch's index arrays, then run once on the whole batch's q rows. Returns
+    (out rows at the requests' positions, the groups it ran)."""
+    import torch
+
+    dev, offset = content.device, content.offset
+    groups = tile_groups(rules, [e - s for _, s, e in extends], [e for _, _, e in extends]) or (
+        tuple(range(len(extends))),)
+    split = SplitPrefill([new_wrapper() for _ in groups], groups)
+    q_rows = torch.cat([torch.arange(offset[r] + s, offset[r] + e, device=dev) for r, s, e in extends])
+    kv_indices = torch.cat([torch.arange(offset[r], offset[r] + e, device=dev) for r, _, e in extends])
+    split.plan(fa2.indptr([e - s for _, s, e in extends], dev), fa2.indptr([e for _, _, e in extends], dev),
+               kv_indices.to(torch.int32), torch.ones(len(extends), dtype=torch.int32, device=dev), *plan_args, **plan_kwargs)
+    out = torch.zeros_like(content.q)
+    out[q_rows] = split.forward(content.q[q_rows], (content.k_cache, content.v_cache), **forward_args)
+    return out, [list(g) for g in groups]
+
+
+def measure(shape, rules, batch, kernel, device="cuda", backend=None):
+    """The batch's members, predicted and measured: rows of the split, the mixed and (where
+    `backend` is given: (new_wrapper, plan_args, plan_kwargs, forward_args) for run_backend) the backend's
+    calls against each member's solo rows. `kernel` is called as run_batches calls it
+    (Fa2PagedPrefill on the GPU; the tests pass a stand-in on the CPU)."""
     groups, members = predictions(rules, batch)
     requests = {rid: RequestSpec(rid, 0, m["prompt_len"], -1, 0, 0) for rid, m in enumerate(members)}
     content = Content(requests, [], shape, device)
@@ -107,12 +132,16 @@ def measure(shape, rules, batch, kernel, device="cuda"):
         "split": run_batches(content, kernel, [[extends[i] for i in g] for g in groups], fa2.PREFILL_SPLIT),
         "mixed": run_batches(content, kernel, [extends], fa2.PREFILL_SPLIT),
     }
+    backend_groups = None
+    if backend is not None:
+        outputs["backend"], backend_groups = run_backend(content, rules, extends, *backend)
     for rid, m in enumerate(members):
         rows = slice(content.offset[rid] + m["start"], content.offset[rid] + m["end"])
         for call, out in outputs.items():
             m[f"{call}_exact"] = bool((out[rows] == solo[rows]).all())
             m[f"{call}_max_abs"] = _max_abs(out[rows], solo[rows])
-    return dict(shape=shape.name, batch=batch.name, groups=[list(g) for g in groups], members=members)
+    return dict(shape=shape.name, batch=batch.name, groups=[list(g) for g in groups], backend_groups=backend_groups,
+                members=members)
 
 
 def verdict(results):
@@ -124,11 +153,16 @@ def verdict(results):
     wrong = [m for m in members if on_tile(m, "split") and not m["split_exact"]]
     if wrong:
         return DOES_NOT_HOLD, [*reasons, f"{len(wrong)} member(s) on their solo tile in a class-only call differ"]
+    unlike = [m for m in members if on_tile(m, "split") and not m.get("backend_exact", True)]
+    if unlike:
+        return DOES_NOT_HOLD, [*reasons, f"{len(unlike)} member(s) on their solo tile differ in the backend's SplitPrefill"]
     if not any(not on_tile(m, "mixed") and not m["mixed_exact"] for m in members):
         return INCONCLUSIVE, [*reasons, "the control never differed: these batches do not show the tile matters"]
     if reasons:
         return INCONCLUSIVE, reasons
-    return HOLDS, [f"{sum(on_tile(m, 'split') for m in members)} member(s) on their solo tile split are exact"]
+    through_backend = sum(on_tile(m, "split") and "backend_exact" in m for m in members)
+    return HOLDS, [f"{sum(on_tile(m, 'split') for m in members)} member(s) on their solo tile split are exact, "
+                   f"{through_backend} of them through the backend's SplitPrefill"]
 
 
 def format_member(m):
@@ -137,8 +171,11 @@ def format_member(m):
         return f"{name} tile {m[f'{name}_tile']} {exact}"
 
     exempt = ", KV exempt" if m["exempt"] else ""
+    backend = ""
+    if "backend_exact" in m:
+        backend = "; backend " + ("exact" if m["backend_exact"] else f"differs (max abs {m['backend_max_abs']:.3g})")
     return (f"  extend {m['start']}-{m['end']} of {m['prompt_len']}: solo tile {m['solo_tile']}{exempt}; "
-            f"{call('split')}; {call('mixed')}")
+            f"{call('split')}; {call('mixed')}{backend}")
 
 
 def environment():
@@ -147,6 +184,22 @@ def environment():
 
     return dict(torch=torch.__version__, flashinfer=flashinfer.__version__, cuda=torch.version.cuda,
                 gpu=torch.cuda.get_device_name(), prefill_split=fa2.PREFILL_SPLIT)
+
+
+def sglang_wrappers(shape, workspace):
+    """run_backend's (new_wrapper, plan_args, plan_kwargs, forward_args) on the GPU: flashinfer wrappers made,
+    planned and run as SGLang 0.5.23's deterministic backend makes, plans and runs its own
+    (tools/fa2.py), all on one workspace."""
+    import flashinfer
+    import torch
+
+    def new_wrapper():
+        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
+
+    plan_args = (shape.num_qo_heads, shape.num_kv_heads, shape.head_dim, 1)
+    plan_kwargs = dict(q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, non_blocking=True,
+                       fixed_split_size=fa2.PREFILL_SPLIT)
+    return new_wrapper, plan_args, plan_kwargs, dict(causal=True, sm_scale=shape.head_dim**-0.5)
 
 
 def main(argv=None):
@@ -163,9 +216,10 @@ def main(argv=None):
     for shape in SHAPES:
         rules = Rules(group=shape.group, head_dim=shape.head_dim)
         kernel = Fa2PagedPrefill(shape)
+        backend = sglang_wrappers(shape, kernel.workspace)
         for batch in batches(shape.group):
             try:
-                result = measure(shape, rules, batch, kernel)
+                result = measure(shape, rules, batch, kernel, backend=backend)
             except Exception as error:  # a failed batch is reported, and the others still run
                 result = dict(shape=shape.name, batch=batch.name, error=f"{type(error).__name__}: {error}")
             results.append(result)

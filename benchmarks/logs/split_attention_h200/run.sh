@@ -1,0 +1,46 @@
+#!/bin/bash
+# Issue 32's H200 run, planned whole before the machine was taken: each step in order of
+# importance, each under a time limit, every result written into OUT (the device call copies OUT
+# back; see COMMANDS.md beside this file).
+#
+#   1. premise (a) again, now also through the plugin's own SplitPrefill (probe_split_attention.py);
+#   2. premise (b): a decoding row in decode steps and as a one-token extend (probe_mixed_decode.py);
+#   3. real servers with split attention on, each verified against its stock unchunked reference,
+#      radix cache on: GQA 1 at chunk 128 (granite-gqa1), head_dim 256 (gemma-2b, GQA 8) and
+#      Granite-3.1-8B's shape (GQA 4), chunk 256.
+#
+#   usage: OUT=DIR [PY=python3] [STEPS="probes gqa1 gemma granite"] bash benchmarks/logs/split_attention_h200/run.sh
+# From the repository's root, SGLang 0.5.23 and flashinfer installed.
+set -u
+out=${OUT:?OUT: where the results go}
+py=${PY:-python3}
+steps=${STEPS:-probes gqa1 gemma granite}
+mkdir -p "$out"
+nvidia-smi > "$out/gpu.txt" 2>&1
+
+# step NAME SECONDS COMMAND...: SIGINT at the limit, so the script's own cleanup stops its servers
+# and writes its JSON; any server left over is killed before the next step.
+step() {
+  local name=$1 limit=$2; shift 2
+  echo "== $name: start $(date +%T), limit $limit s"
+  timeout -s INT -k 30 "$limit" "$@" > "$out/$name.log" 2>&1
+  echo "== $name: exit $? at $(date +%T)"
+  pkill -f "sglang.cli.main" && sleep 5
+  tail -n 25 "$out/$name.log"
+}
+servers() {  # NAME MODEL CHUNK SECONDS: the matrix at one chunk, page 1, radix on, against its reference
+  step "$1" "$4" $py benchmarks/real_server.py --model-path "$2" --dummy --phases matrix --chunks "$3" \
+    --pages 1 --radix on --prompts 12 --parallel 1 --max-total-tokens 32768 --mem-fraction-static 0.85 \
+    --deadline-s $(($4 - 60)) --logs "$out/$1-logs" --out "$out/$1.json"
+}
+for s in $steps; do
+  case $s in
+    probes)
+      step split-probe 240 $py -m benchmarks.probe_split_attention --json "$out/split_attention.json"
+      step mixed-decode-probe 240 $py -m benchmarks.probe_mixed_decode --json "$out/mixed_decode.json";;
+    gqa1) servers gqa1-chunk128 benchmarks/models/granite-gqa1 128 420;;
+    gemma) servers gemma-chunk256 benchmarks/models/gemma-2b 256 420;;
+    granite) servers granite-chunk256 benchmarks/models/granite-3.1-8b 256 420;;
+  esac
+done
+echo "== all steps ended $(date +%T)"
