@@ -56,6 +56,7 @@ READY_TIMEOUT_S = 420
 # SGLang loads every installed plugin while SGLANG_PLUGINS is unset: stock SGLang names none of them.
 STOCK = {"SGLANG_PLUGINS": "none"}
 PLUGIN_LINE = re.compile(r"sglang-chunk-align[^\n]*")
+SPLIT_LINE = re.compile(r"sglang-chunk-align: split attention: prefill batch (\d+) split")
 # What each refusal must say (the plugin's chunk_size_error, stock's check_truncation_align_fits_chunk).
 REFUSALS = (
     ("plugin refuses chunk 100", {"SGLANG_PLUGINS": "chunk_align"}, 100, "Chunked prefill is aligned to 128 tokens"),
@@ -207,6 +208,11 @@ class Server:
     def plugin_lines(self):
         return sorted(set(PLUGIN_LINE.findall(self.log())))
 
+    def split_batches(self):
+        """How many prefill batches split attention split, at least: the plugin logs the 1st, 10th,
+        100th... at INFO (0: none logged)."""
+        return max((int(n) for n in SPLIT_LINE.findall(self.log())), default=0)
+
     def stop(self):
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
@@ -219,7 +225,7 @@ class Server:
     def describe(self):
         return {"name": self.name, "command": " ".join(self.command),
                 "env": {k: v for k, v in self.env.items() if k.startswith(("SGLANG_PLUGINS", "SGLANG_CHUNK_ALIGN"))},
-                "plugin_lines": self.plugin_lines()}
+                "plugin_lines": self.plugin_lines(), "split_batches_at_least": self.split_batches()}
 
 
 def _listening(port):

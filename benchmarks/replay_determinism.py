@@ -35,12 +35,13 @@ import sys
 import time
 from dataclasses import asdict
 
-from sglang_chunk_align.tools import fa2
+from sglang_chunk_align.decisions import BEHIND_A_PARKED_CHUNK, OFF_TILE_IN_ITS_CALL, ONE_TILE_PER_BATCH
 from sglang_chunk_align.kernel_facts import facts_for
+from sglang_chunk_align.tools import fa2
 
 from .analysis import fa2_calls, predict_hazards, prediction_summary, schedule_stats
 from .scheduling import donor_runs, load_requests, schedule_workload
-from .workload import CONFIGS, OFF_GRID_CHUNK_CONFIGS, SHAPES, UNCAPPED_KV_TOKENS, WORKLOAD_SEED, WORKLOADS, ModelShape, WorkloadSpec
+from .workload import CONFIGS, NAMED_CONFIGS, SHAPES, UNCAPPED_KV_TOKENS, WORKLOAD_SEED, WORKLOADS, ModelShape, WorkloadSpec
 
 # ---------------------------------------------------------------------------
 # Phase 2: replay on the GPU
@@ -297,14 +298,16 @@ def cost_report(doc, against="upstream-128", stock="stock-4096"):
     (extra steps) x chunk = (tokens recomputed) + (extra budget unused where a request was cut)
     + (extra budget unused elsewhere). The first is radix hits rounded down to the grid; the
     second, cuts rounded down to the grid (a final piece that rides along spends more than the
-    budget and counts negative); the third, steps closed early to keep batch members on their
-    solo tiles or a chunked request waiting. Each is shown in steps (tokens / chunk).
+    budget and counts negative); the third, budget left unused elsewhere: steps closed early by a
+    deferral, or with nothing more to admit at that moment (the timeline the first two shifted).
+    Each is shown in steps (tokens / chunk). The deferrals the scheduler driver counted, by
+    reason, tell the two apart.
     """
     by_key = {(s["page_size"], s["radix"], s["config"], s["shape"]): s for s in doc["schedules"]}
     prompt_len = {r["rid"]: r["prompt_len"] for r in doc["requests"]}
     header = ["page", "shape", "config", "prefill steps", f"vs {against}", f"vs {stock}",
               "cached tokens reused", "given up", f"given up vs {stock}", "extra steps: recompute", "cut rounding",
-              "deferrals"]
+              "unused elsewhere", "deferred: one tile per batch / off tile in its call / behind a chunk"]
     rows = []
     for (page, radix, config, shape), schedule in by_key.items():
         baseline = by_key.get((page, radix, against, None))
@@ -319,9 +322,19 @@ def cost_report(doc, against="upstream-128", stock="stock-4096"):
             f"{schedule['prefill_steps'] / stock_schedule['prefill_steps']:.2f}x" if stock_schedule else "-",
             f"{schedule['radix_hit_tokens']} / {baseline['radix_hit_tokens']}",
             _given_up(schedule, baseline), _given_up(schedule, stock_schedule),
-            *(f"{(a - b) / chunk:+.1f}" for a, b in zip(mine, theirs)),
+            *(f"{(a - b) / chunk:+.1f}" for a, b in zip(mine, theirs)), _deferred(schedule),
         ])
     return _table(header, rows)
+
+
+def _deferred(schedule):
+    """How often the plugin deferred a request, by decisions.deferral's reason, as the scheduler
+    driver counted ("-": a schedule recorded before it counted)."""
+    counts = schedule.get("deferrals")
+    if counts is None:
+        return "-"
+    return " / ".join(str(counts.get(reason, 0))
+                      for reason in (ONE_TILE_PER_BATCH, OFF_TILE_IN_ITS_CALL, BEHIND_A_PARKED_CHUNK))
 
 
 def _given_up(schedule, baseline):
@@ -401,7 +414,7 @@ def main(argv=None):
     sched.add_argument("--radix", choices=["off", "on", "both"], default="both", help="radix cache off, on or both")
     sched.add_argument("--uncapped", action="store_true", help="no cap on KV memory")
     sched.add_argument("--out", help="write the schedule document (JSON) here")
-    sched.add_argument("--configs", nargs="+", choices=[c.name for c in CONFIGS + OFF_GRID_CHUNK_CONFIGS],
+    sched.add_argument("--configs", nargs="+", choices=[c.name for c in NAMED_CONFIGS],
                        default=[c.name for c in CONFIGS], help="schedule only these configurations")
     sched.add_argument("--flashinfer", metavar="VERSION",
                        help="plan with this flashinfer release's kernel facts (default: the installed one's)")
@@ -437,7 +450,7 @@ def _schedule(args):
     if args.uncapped:
         spec = WorkloadSpec(**{**asdict(spec), "kv_tokens": UNCAPPED_KV_TOKENS})
     start = time.perf_counter()
-    configs = [c for c in CONFIGS + OFF_GRID_CHUNK_CONFIGS if c.name in args.configs]
+    configs = [c for c in NAMED_CONFIGS if c.name in args.configs]
     radix_modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.radix]
     doc = schedule_workload(spec, configs, radix_modes, args.page_sizes, name=args.workload,
                             flashinfer=args.flashinfer)

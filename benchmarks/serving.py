@@ -42,6 +42,7 @@ after each setup, so a run cut short keeps what it did.
 """
 
 import argparse
+import hashlib
 import http.client
 import json
 import os
@@ -100,8 +101,12 @@ SETUPS = {
                                 256, WAIT_OFF),
     "plugin-256-interval-1": Setup("plugin, chunk 256, radix cache, --prefill-decode-interval 1", 256, PLUGIN,
                                    extra=["--prefill-decode-interval", "1"]),
+    # The plugin before split attention (issue 32): requests wait to keep each batch on one fa2 tile.
+    "plugin-256-no-split": Setup("plugin, chunk 256, radix cache, split attention off (requests wait to keep "
+                                 "each batch on one tile, as before issue 32)", 256,
+                                 {**PLUGIN, "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION": "0"}),
 }
-BASELINES = ("stock-4096", "triton-256")  # the ratios' denominators
+BASELINES = ("stock-4096", "triton-256", "plugin-256-no-split")  # the ratios' denominators
 # Lengths probed alone after the checks: around where a chunk's fa2 split partials outgrow the workspace.
 LONG_PROMPTS = {"reference": (16384, 20480, 24576, 32768), "setup": (32768, 65536, 126976, 131000)}
 
@@ -156,9 +161,11 @@ def main(argv=None):
         run.stop()
         run.ratios()
         run.results["decode_wait"] = decode_wait_verdict(run.results["setups"])
+        run.results["outputs_compared"] = outputs_compared(run.results["setups"])
         run.save()
     print(json.dumps(run.summary(), indent=1))
-    return 0 if all(verified_as_expected(s) and not alike_groups(s) for s in run.results["setups"]) else 1
+    agree = all(c["agree"] for c in run.results["outputs_compared"].values())
+    return 0 if agree and all(verified_as_expected(s) and not alike_groups(s) for s in run.results["setups"]) else 1
 
 
 def verified_as_expected(entry):
@@ -299,6 +306,7 @@ class ServingRun(real_server.Run):
                 entry["verify_command"] = check["verify_command"]
             if "error" not in entry and setup.long_prompts and long and not self.args.skip_long_prompts:
                 entry["long_prompts"] = long_prompts(server, LONG_PROMPTS["setup"], self)
+            entry["split_batches_at_least"] = server.split_batches()
         finally:
             server.stop()
             self.record(entry, "setups")
@@ -335,7 +343,38 @@ class ServingRun(real_server.Run):
                  "long_prompts": {p["tokens"]: p["outcome"] for p in r.get("long_prompts", [])}}
                 for r in self.results["references"]]
         return {"stack": self.results["stack"], "references": refs, "setups": rows,
-                "decode_wait": self.results.get("decode_wait")}
+                "decode_wait": self.results.get("decode_wait"),
+                "outputs_compared": self.results.get("outputs_compared")}
+
+
+def outputs_compared(setups):
+    """Each exact setup's outputs against the first timed setup checked by the same reference.
+
+    Setups that all claim the reference's answers (each request as if prefilled alone, unchunked)
+    must return the same tokens for the same requests, greedy agents and rollouts seeded per sample
+    alike, however differently their batches formed: a check on the timed workloads themselves,
+    beside verify's. Controls and unchecked setups are left out.
+    """
+    first, compared = {}, {}
+    for entry in setups:
+        setup = SETUPS[entry["setup"]]
+        if "workloads" not in entry or setup.reference is None or not setup.expect_identical:
+            continue
+        base = first.setdefault(setup.reference, entry)
+        if base is entry:
+            continue
+        counts = {w: (sum(a == b for a, b in zip(m["outputs"], base["workloads"][w]["outputs"])), len(m["outputs"]))
+                  for w, m in entry["workloads"].items() if w in base["workloads"]}
+        compared[entry["setup"]] = {
+            "against": base["setup"], "agree": all(same == total for same, total in counts.values()),
+            **{w: f"{same}/{total} requests identical" for w, (same, total) in counts.items()},
+        }
+    return compared
+
+
+def output_digest(output_ids):
+    """A request's output tokens as 12 hex digits, what outputs_compared compares."""
+    return hashlib.sha256(json.dumps(output_ids).encode()).hexdigest()[:12]
 
 
 # The decode wait stays the default only if it costs at most this much throughput against its control
@@ -421,6 +460,7 @@ def metrics(wall, results, gap_requests=None):
         "itl_max_s": round(gaps[-1], 4),
         "prompt_tokens": sum(r["prompt_tokens"] for r in results),
         "cached_tokens": sum(r["cached_tokens"] for r in results),
+        "outputs": [output_digest(r["output_ids"]) for r in results],
     }
 
 

@@ -149,6 +149,7 @@ class SchedulingConfig:
     split_tile_env: Optional[int] = None  # SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE, None: default
     plugin: bool = False  # sglang_chunk_align.apply() before scheduling
     rules: bool = True  # with the plugin: its grid rules (SGLANG_CHUNK_ALIGN_RULES=0 turns them off)
+    split_attention: bool = True  # with the rules: split attention (SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION=0 turns it off)
 
     @property
     def fixed_split(self):
@@ -175,6 +176,9 @@ CONFIGS = (
 # Chunk sizes only flashinfer releases whose chunk starts do not matter (0.7.4) accept; scheduled
 # only when named (replay_determinism schedule --configs ... --flashinfer 0.7.4).
 OFF_GRID_CHUNK_CONFIGS = tuple(SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True) for chunk in (192, 320))
+# The rules before split attention (issue 32): requests wait to keep each batch on one tile. Only when named.
+NO_SPLIT_CONFIGS = (SchedulingConfig("plugin-256-no-split", 256, plugin=True, split_attention=False),)
+NAMED_CONFIGS = CONFIGS + OFF_GRID_CHUNK_CONFIGS + NO_SPLIT_CONFIGS  # what --configs may name
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,13 @@ def ignore_eos_end(rules, start, budget, prompt_len, others, chunk_in_batch):
     return _grid_end(rules, start, budget, prompt_len, short_tail(not others, others, False))
 
 
+# deferral's reasons, which the benchmarks count apart: behind a parked chunk; for the tiles, the
+# rules' without split attention, and what a call per tile class cannot fix.
+BEHIND_A_PARKED_CHUNK = "behind a chunked request that waits this step"
+ONE_TILE_PER_BATCH = "to keep batch members on their solo tiles"
+OFF_TILE_IN_ITS_CALL = "so that no member runs off its solo tile in its tile class's fa2 call"
+
+
 def deferral(rules, parked, members, start, prompt_len):
     """Why a new request starting at `start` waits, or None where it may be admitted: behind a
     chunked request `parked` this step (requests behind it would take its KV memory), or because
@@ -98,12 +105,14 @@ def deferral(rules, parked, members, start, prompt_len):
     never excuses it on the strength of that lower bound.
     """
     if parked:
-        return "behind a chunked request that waits this step"
+        return BEHIND_A_PARKED_CHUNK
     if not members:
         return None
     batch = [*members, (min(prompt_len - start, rules.min_tail), prompt_len, prompt_len)]
-    conflicts = split_by_tile(batch, rules).off_tile if rules.split_attention else tile_conflicts(batch, rules)
-    return "to keep batch members on their solo tiles" if conflicts else None
+    if rules.split_attention:
+        return OFF_TILE_IN_ITS_CALL if split_by_tile(batch, rules).off_tile else None
+    return ONE_TILE_PER_BATCH if tile_conflicts(batch, rules) else None
+
 
 
 def tile_groups(rules, extend_lens, kv_lens):

@@ -9,7 +9,8 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from sglang_chunk_align.decisions import (
-    admission_end, continuation_cut, deferral, ignore_eos_end, riding_slack, short_tail, tile_groups,
+    OFF_TILE_IN_ITS_CALL, ONE_TILE_PER_BATCH, admission_end, continuation_cut, deferral, ignore_eos_end,
+    riding_slack, short_tail, tile_groups,
 )
 from sglang_chunk_align.kernel_facts import FI072, FI074
 from sglang_chunk_align.planning import KEEP, RIDE, WAIT, Rules
@@ -208,14 +209,14 @@ def test_a_new_request_waits_behind_a_parked_continuation_and_for_solo_tiles():
     assert deferral(RULES, True, [], 0, 1000) is not None  # parked: even into an empty batch
     assert deferral(RULES, False, [], 0, 50) is None
     # 50 tokens alone get the 64-row tile; beside a 256-token chunk the average is 153: the 128-row one.
-    assert deferral(RULES, False, [long_member], 0, 50) == "to keep batch members on their solo tiles"
+    assert deferral(RULES, False, [long_member], 0, 50) == ONE_TILE_PER_BATCH
     assert deferral(RULES, False, [long_member], 0, 2000) is None
     # A member whose KV is at most 32 tokens runs exact on any tile (known head_dim below 256): a
     # first 20-token chunk of a 1000-token prompt may join a 60-token request on the 64-row tile.
     assert deferral(Rules(head_dim=128), False, [(20, 20, 1000)], 0, 60) is None
     assert deferral(Rules(head_dim=128), False, [(40, 40, 1000)], 0, 60) is not None
     # Its extend may be as short as min_tail (65): beside a 10-token member, 37 tokens on average.
-    assert deferral(Rules(head_dim=128), False, [(10, 10, 10)], 0, 2000) == "to keep batch members on their solo tiles"
+    assert deferral(Rules(head_dim=128), False, [(10, 10, 10)], 0, 2000) == ONE_TILE_PER_BATCH
 
 
 def test_split_attention_defers_only_what_one_call_per_tile_class_cannot_keep_on_its_tile():
@@ -227,7 +228,7 @@ def test_split_attention_defers_only_what_one_call_per_tile_class_cannot_keep_on
     assert deferral(split, False, [(10, 10, 10)], 0, 2000) is None
     # What a split cannot fix: a 10-token final piece over 1024 cached, alone in the 128-row class,
     # gets a small tile in any call of its own; a 100-token prompt in its class keeps it waiting.
-    assert deferral(split, False, [(10, 1034, 1034)], 0, 100) == "to keep batch members on their solo tiles"
+    assert deferral(split, False, [(10, 1034, 1034)], 0, 100) == OFF_TILE_IN_ITS_CALL
     assert deferral(Rules(head_dim=128), False, [(10, 1034, 1034)], 0, 100) is not None
 
 
@@ -257,4 +258,4 @@ def test_a_candidate_is_judged_by_its_whole_prompt_kv_and_its_shortest_extend(me
     """A 1000-token request with 990 cached: at least min(10, min_tail) tokens, KV 1000 (never exempt)."""
     rules = Rules(head_dim=128)
     reason = deferral(rules, False, [(20, 20, 20), *members], 990, 1000)
-    assert reason == (None if members else "to keep batch members on their solo tiles")
+    assert reason == (None if members else ONE_TILE_PER_BATCH)

@@ -263,3 +263,21 @@ def test_flashinfer_074_facts_schedule_chunk_192_off_the_grid_and_every_request_
     requests = scheduling.load_requests(doc)
     assert not any(analysis.predict_hazards(schedule, requests, shape, FI074).values())
     assert any("off-grid" in h for h in analysis.predict_hazards(schedule, requests, shape, FI072).values())
+
+
+def test_split_attention_leaves_no_tile_deferral_and_the_cost_report_counts_them():
+    """Issue 32 in the scheduler: the same workload with split attention off defers requests to keep
+    each batch on one tile (and takes more steps for it); on, nothing waits for a tile. The driver
+    counts the plugin's deferrals by reason, and the cost report shows them beside the budget."""
+    from sglang_chunk_align.decisions import ONE_TILE_PER_BATCH
+
+    shape = next(s for s in workload.SHAPES if s.name == "g2-d256")
+    configs = [c for c in workload.NAMED_CONFIGS if c.name in ("upstream-128", "plugin-256", "plugin-256-no-split")]
+    doc = scheduling.schedule_workload(workload.SMALL_WORKLOAD, configs, radix_modes=(True,), shapes=(shape,))
+    split, deferring = by_name(doc, "plugin-256", True), by_name(doc, "plugin-256-no-split", True)
+    assert split["deferrals"] == {} and deferring["deferrals"][ONE_TILE_PER_BATCH] > 0
+    assert split["prefill_steps"] < deferring["prefill_steps"]
+    assert len(split["calls"]) > len(split["steps"])  # some steps ran as more than one fa2 call
+    rows = {line.split(" | ")[2]: line for line in replay_determinism.cost_report(doc).splitlines()[2:]}
+    assert rows["plugin-256"].endswith("| 0 / 0 / 0 |")
+    assert rows["plugin-256-no-split"].endswith(f"| {deferring['deferrals'][ONE_TILE_PER_BATCH]} / 0 / 0 |")

@@ -426,7 +426,49 @@ def test_skip_long_prompts_leaves_the_long_prompts_out_of_the_checks(tmp_path, m
     monkeypatch.setitem(serving.SETUPS, "unchecked-long", serving.Setup("long prompts, no reference", 256, serving.PLUGIN,
                                                                         reference=None, long_prompts=True))
     run = serving_run(tmp_path, skip_long_prompts=skip)
-    server = SimpleNamespace(stop=lambda: None)
+    server = SimpleNamespace(stop=lambda: None, split_batches=lambda: 0)
     run._check("unchecked-long", server, {"setup": "unchecked-long"})
     assert probed == ([] if skip else [serving.LONG_PROMPTS["setup"]])
     assert ("long_prompts" in run.results["setups"][0]) is not skip
+
+
+def test_exact_setups_must_return_the_same_tokens_for_the_same_requests(stand_in):
+    """outputs_compared: every setup claiming the flashinfer reference's answers against the first one
+    timed (split attention against its deferrals, in issue 32's run); triton has its own reference,
+    and the ceiling none, so neither is compared with them. One request's token differing is caught."""
+    rollouts = serving.rl(stand_in, small_run(), seed=0)
+    assert len(set(rollouts["outputs"])) == len(rollouts["outputs"]) == 6  # each sample's own seed
+
+    def entry(name, outputs):
+        return {"setup": name, "workloads": {"rl": {"outputs": outputs}}}
+
+    other = ["0" * 12] * 6
+    same = serving.outputs_compared([entry("plugin-256-defaults", rollouts["outputs"]), entry("triton-256", other),
+                                     entry("nondet-256", other), entry("plugin-256-no-split", rollouts["outputs"])])
+    assert same == {"plugin-256-no-split": {"against": "plugin-256-defaults", "agree": True,
+                                            "rl": "6/6 requests identical"}}
+    one_off = list(rollouts["outputs"])
+    one_off[4] = serving.output_digest(list(range(999)))
+    differs = serving.outputs_compared([entry("plugin-256-defaults", rollouts["outputs"]),
+                                        entry("plugin-256-no-split", one_off)])
+    assert differs["plugin-256-no-split"]["agree"] is False
+    assert differs["plugin-256-no-split"]["rl"] == "5/6 requests identical"
+    assert serving.output_digest([1, 2, 3]) != serving.output_digest([1, 2, 4])
+
+
+def test_the_setup_before_split_attention_differs_in_its_switch_alone():
+    before, after = serving.SETUPS["plugin-256-no-split"], serving.SETUPS["plugin-256-defaults"]
+    assert before.env == {**after.env, "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION": "0"} and before.chunk == after.chunk
+    assert "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION" in SWITCHES
+
+
+def test_a_servers_split_batches_are_read_from_its_log(tmp_path):
+    """The plugin logs the 1st, 10th, 100th... split batch at INFO: the highest one read is a floor."""
+    server = object.__new__(real_server.Server)
+    server.log_path = tmp_path / "server.log"
+    server.log_path.write_text("[x] sglang-chunk-align: prefill chunks aligned to 128 tokens\n")
+    assert server.split_batches() == 0
+    with server.log_path.open("a") as log:
+        for n in (1, 10, 100):
+            log.write(f"[x] sglang-chunk-align: split attention: prefill batch {n} split into fa2 calls of 3+1 requests\n")
+    assert server.split_batches() == 100

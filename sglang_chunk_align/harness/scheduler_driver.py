@@ -12,11 +12,12 @@ backend and Scheduler whose alignment steps run (standins.py). Every prefill
 step's batch is recorded as (request, start, end) extends, with the fa2 calls
 the backend runs it in (`calls`: one per tile class under split attention),
 and radix hits are followed to the request that computed the reused KV (the
-"donor").
+"donor"). The plugin's deferrals are counted by reason (`deferrals`: a
+request deferred in n steps counts n times).
 
 What it takes is duck-typed, so that the package never imports the benchmarks:
 a scheduling configuration (name, chunk, deterministic, split_tile_env, plugin,
-rules: benchmarks.workload.SchedulingConfig), a workload's pool sizes
+rules, split_attention: benchmarks.workload.SchedulingConfig), a workload's pool sizes
 (kv_tokens, max_running_requests, max_prompt, max_output:
 benchmarks.workload.WorkloadSpec) and requests (rid, arrival_step, output_len:
 benchmarks.workload.RequestSpec). In the package, like standins.py, so the
@@ -45,6 +46,7 @@ def sglang_config(cfg, radix, page_size=1):
     env = {
         "SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE": cfg.split_tile_env,
         "SGLANG_CHUNK_ALIGN_RULES": None if cfg.rules else 0,
+        "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION": None if cfg.split_attention else 0,
     }
     saved_env = {name: os.environ.get(name) for name in env}
     for name, value in env.items():
@@ -147,7 +149,7 @@ class SchedulerDriver:
         self.slot_pos = torch.full((spec.kv_tokens + page_size,), -1, dtype=torch.int64)
         self.steps, self.calls, self.donors = [], [], {}
         self.extended_to = {}  # rid -> end of its last extend while it holds its KV row
-        self.stats = dict(prefill_steps=0, decode_steps=0, retracted=0, aborted=[], radix_hit_tokens=0)
+        self.stats = dict(prefill_steps=0, decode_steps=0, retracted=0, aborted=[], radix_hit_tokens=0, deferrals={})
 
     def make_req(self, request, tokens):
         from array import array
@@ -162,6 +164,10 @@ class SchedulerDriver:
         return req
 
     def run(self, arrivals):
+        with counting_deferrals(self.stats["deferrals"]):
+            return self._run(arrivals)
+
+    def _run(self, arrivals):
         pending = sorted(arrivals, key=lambda pair: pair[0].arrival_step)
         step = 0
         while True:
@@ -346,6 +352,25 @@ class SchedulerDriver:
             req.update_finish_state()
             if req.finished():
                 release_kv(req, self.tree)
+
+
+@contextmanager
+def counting_deferrals(counts):
+    """Count in `counts` (reason -> times) what decisions.deferral answers the plugin's
+    keep_solo_tiles hook while the driver runs."""
+    decide = prefill_hooks.deferral
+
+    def counted(*args):
+        reason = decide(*args)
+        if reason is not None:
+            counts[reason] = counts.get(reason, 0) + 1
+        return reason
+
+    prefill_hooks.deferral = counted
+    try:
+        yield
+    finally:
+        prefill_hooks.deferral = decide
 
 
 def fa2_calls(entries):

@@ -8,8 +8,16 @@
 #   3. real servers with split attention on, each verified against its stock unchunked reference,
 #      radix cache on: GQA 1 at chunk 128 (granite-gqa1), head_dim 256 (gemma-2b, GQA 8) and
 #      Granite-3.1-8B's shape (GQA 4), chunk 256.
+# The second session's steps (the first run's servers logged no split batch: their workloads
+# never mixed tile classes in a batch):
+#   4. serving.py's rollouts and agents, split attention (the plugin's defaults) against the same
+#      setup with it off (SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION=0, the deferrals before issue 32), side
+#      by side, each verified against the recorded unchunked reference and their outputs compared
+#      request by request: GQA 1 (granite-gqa1) and Granite-3.1-8B's shape;
+#   5. the replay of the schedules scheduled with split attention (benchmarks/schedules_split*.json).
 #
 #   usage: OUT=DIR [PY=python3] [STEPS="probes gqa1 gemma granite"] bash benchmarks/logs/split_attention_h200/run.sh
+#   second session: STEPS="serving-gqa1 replay serving-granite"
 # From the repository's root, SGLang 0.5.23 and flashinfer installed.
 set -u
 out=${OUT:?OUT: where the results go}
@@ -33,6 +41,11 @@ servers() {  # NAME MODEL CHUNK SECONDS: the matrix at one chunk, page 1, radix 
     --pages 1 --radix on --prompts 12 --parallel 1 --max-total-tokens 32768 --mem-fraction-static 0.85 \
     --deadline-s $(($4 - 60)) --logs "$out/$1-logs" --out "$out/$1.json"
 }
+serving() {  # NAME MODEL BASELINES SECONDS KV_TOKENS: split attention against its deferrals, rollouts and agents
+  step "$1" "$4" $py benchmarks/serving.py --model-path "$2" --dummy --setups plugin-256-defaults,plugin-256-no-split \
+    --workloads rl,agent --repeat-setups "" --skip-long-prompts --baselines "$3" --deadline-s $(($4 - 150)) \
+    --max-total-tokens "$5" --logs "$out/$1-logs" --out "$out/$1.json"
+}
 for s in $steps; do
   case $s in
     probes)
@@ -41,6 +54,11 @@ for s in $steps; do
     gqa1) servers gqa1-chunk128 benchmarks/models/granite-gqa1 128 420;;
     gemma) servers gemma-chunk256 benchmarks/models/gemma-2b 256 420;;
     granite) servers granite-chunk256 benchmarks/models/granite-3.1-8b 256 420;;
+    # KV pools: two servers overlap (one verified while the next starts); GQA 1's KV is 256 KiB a token.
+    serving-gqa1) serving serving-gqa1 benchmarks/models/granite-gqa1 benchmarks/logs/split_attention_h200/baselines-gqa1 480 150000;;
+    serving-granite) serving serving-granite benchmarks/models/granite-3.1-8b benchmarks/logs/serving_h200_granite 540 250000;;
+    replay) step replay 300 $py -m benchmarks.replay_determinism replay --schedules benchmarks/schedules_split.json \
+      benchmarks/schedules_chat_split.json --json "$out/results_split.json";;
   esac
 done
 echo "== all steps ended $(date +%T)"
