@@ -281,3 +281,19 @@ def test_split_attention_leaves_no_tile_deferral_and_the_cost_report_counts_them
     rows = {line.split(" | ")[2]: line for line in replay_determinism.cost_report(doc).splitlines()[2:]}
     assert rows["plugin-256"].endswith("| 0 / 0 / 0 |")
     assert rows["plugin-256-no-split"].endswith(f"| {deferring['deferrals'][ONE_TILE_PER_BATCH]} / 0 / 0 |")
+
+
+def test_the_replay_runs_split_attentions_calls_which_keep_every_member_on_its_solo_tile():
+    """Replayed with a kernel off wherever a member leaves its solo tile, split attention's schedule
+    is exact when each step runs as the driver recorded its fa2 calls, and not when the same steps
+    run as one call each (what the backend would do without SplitPrefill)."""
+    shape = workload.ModelShape("g1-d128", 1, 1, 128)  # the grid rules' shape, with one head
+    configs = [c for c in workload.NAMED_CONFIGS if c.name == "plugin-256"]
+    doc = scheduling.schedule_workload(workload.SMALL_WORKLOAD, configs, radix_modes=(True,),
+                                       shapes=[s for s in workload.SHAPES if s.name == shape.name])
+    [schedule] = doc["schedules"]
+    [row] = replay_determinism.replay(doc, (shape,), device="cpu", make_kernel=TileRuleKernel)
+    assert row["exact_pct"] == 100.0 and row["plan_calls"] == len(schedule["calls"]) > len(schedule["steps"])
+    one_call_per_step = {**doc, "schedules": [{k: v for k, v in schedule.items() if k != "calls"}]}
+    [row] = replay_determinism.replay(one_call_per_step, (shape,), device="cpu", make_kernel=TileRuleKernel)
+    assert row["exact_pct"] < 100.0 and row["plan_calls"] == len(schedule["steps"])
