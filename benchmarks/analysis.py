@@ -37,7 +37,8 @@ def schedule_stats(schedule, requests):
 
 def fa2_calls(schedule):
     """The schedule's fa2 prefill calls: its steps, split by tile class where the scheduler driver
-    recorded split attention's calls (schedules recorded before it have steps alone)."""
+    recorded split attention's calls (a schedule where no step split, or recorded before split
+    attention, has steps alone)."""
     return schedule.get("calls", schedule["steps"])
 
 
