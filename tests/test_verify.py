@@ -235,7 +235,7 @@ def test_identical_servers_pass_with_radix_hits(capsys, standin):
     assert code == 0, out
     assert err == ""  # no progress bar where stderr is not a terminal
     for line in ("  sequential: 8 of 8 identical", "  concurrent: 8 of 8 identical"):
-        assert out.count(line) == 2  # mixed and chat
+        assert out.count(line) == 3  # mixed, chat and tiles
     assert "chat: 8 requests in 2 conversations" in out
     assert "NOT CHECKED" not in out
     assert out.splitlines()[-1] == "OK: every request identical"
@@ -333,7 +333,8 @@ def test_without_a_reference_a_cache_hit_fault_fails_and_chunking_is_not_checked
         for label, result in workload["passes"].items():
             hits = [i for i, c in enumerate(result["cached_tokens"]) if c]
             assert [f["request"] for f in result["failures"]] == hits, (name, label)
-            assert hits or label == "concurrent", name  # concurrent prompts on one prefix may all miss
+            # concurrent prompts on one prefix may all miss; tiles' prompts share none
+            assert hits or label == "concurrent" or name == "tiles", name
             assert [(f["first_difference"], f["index"]) for f in result["failures"]] == [
                 first_visible(workload, i, result["cached_tokens"][i]) for i in hits
             ]
@@ -614,6 +615,20 @@ def test_workloads_cover_the_grid_long_prompts_and_shared_prefixes_per_seed():
     assert all(turns[0].units[: turns[0].shared] == system for turns in chat)
     assert all(turn.shared is None for turns in chat for turn in turns[1:])  # the turn before, as the server counts it
     assert all(w in verify.WORDS for turns in chat for turn in turns for w in turn.units)
+
+
+def test_the_tiles_workload_puts_short_prompts_of_every_small_tile_class_beside_long_ones():
+    """A long prompt, then two short ones, in turn; over enough prompts every short class appears;
+    fixed per seed and drawn apart from the other workloads (its own Random), so adding it changed
+    no mixed or chat prompt that recorded answers are kept for."""
+    ids = verify.TokenIds(50000)
+    tiles = verify.tiles_workload(random.Random(1), 60, ids)
+    assert tiles == verify.tiles_workload(random.Random(1), 60, ids) != verify.tiles_workload(random.Random(2), 60, ids)
+    lengths = [len(turn.units) for [turn] in tiles]
+    assert all(300 <= n <= 1500 for n in lengths[::3])
+    shorts = [n for i, n in enumerate(lengths) if i % 3]
+    assert {next(c for c in verify.SHORT_TILE_CLASSES if c[0] <= n <= c[1]) for n in shorts} == set(
+        verify.SHORT_TILE_CLASSES)
 
 
 def test_first_difference_counts_a_missing_token_as_different():

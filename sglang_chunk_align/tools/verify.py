@@ -18,7 +18,12 @@ Workloads (deterministic per --seed; --prompts requests each):
   radix hits land off the grid;
 - chat: conversations of up to 4 turns after a shared system prompt; each
   turn's prompt is the previous turn's prompt, its output and new user text,
-  so later turns hit the radix cache.
+  so later turns hit the radix cache;
+- tiles: a long prompt (300-1500 tokens), then two short ones of the small fa2
+  tile classes (1-2, 3-8, 9-16, 17-32, 33-64 tokens), in turn: in the
+  concurrent pass a long prompt's pieces share prefill batches with short
+  prompts, which the plugin's split attention runs as one fa2 call per tile
+  class (where the classes differ: at GQA 1, or head_dim 256).
 
 Prompts are random token ids below --vocab-size with --input-ids (for servers
 started with --skip-tokenizer-init, such as dummy weights), otherwise words
@@ -105,7 +110,7 @@ from http import HTTPStatus
 from ..alignment import PREFILL_Q_TILE_TOKENS
 from .arguments import at_least
 
-WORKLOADS = ("mixed", "chat")
+WORKLOADS = ("mixed", "chat", "tiles")
 TURNS = 4
 SYSTEM_PROMPT_TOKENS = 300
 WORDS = (
@@ -327,7 +332,20 @@ def chat_workload(rng, count, prompts):
     return conversations
 
 
-BUILDERS = {"mixed": mixed_workload, "chat": chat_workload}
+# Short prompts' lengths, one range per fa2 tile class a short prompt can fall in at some GQA group.
+SHORT_TILE_CLASSES = ((1, 2), (3, 8), (9, 16), (17, 32), (33, 64))
+
+
+def tiles_workload(rng, count, prompts):
+    """Single-turn prompts, a long one and two short ones in turn (see the module's docstring)."""
+    conversations = []
+    for i in range(count):
+        low, high = (300, 1500) if i % 3 == 0 else rng.choice(SHORT_TILE_CLASSES)
+        conversations.append([Turn(prompts.units(rng, rng.randint(low, high)))])
+    return conversations
+
+
+BUILDERS = {"mixed": mixed_workload, "chat": chat_workload, "tiles": tiles_workload}
 
 
 # ---------------------------------------------------------------------------

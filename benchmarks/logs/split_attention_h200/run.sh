@@ -15,9 +15,16 @@
 #      by side, each verified against the recorded unchunked reference and their outputs compared
 #      request by request: GQA 1 (granite-gqa1) and Granite-3.1-8B's shape;
 #   5. the replay of the schedules scheduled with split attention (benchmarks/schedules_split*.json).
+# Those servers logged no split batch either (rollouts' and agents' prompts are long: every piece is
+# in the 128-row class), so the third session's steps send verify's tiles workload (short prompts of
+# every small tile class beside long ones), at GQA 1 and head_dim 256, chunk 256; then the GQA-1
+# serving pair again, the deferrals first, on the machine those servers warmed (step 4 had run the
+# split setup first on a cold machine), checked against step 6's recorded reference.
+#   6. gqa1-tiles, gemma-tiles, serving-gqa1-again
 #
 #   usage: OUT=DIR [PY=python3] [STEPS="probes gqa1 gemma granite"] bash benchmarks/logs/split_attention_h200/run.sh
 #   second session: STEPS="serving-gqa1 replay serving-granite"
+#   third: STEPS="gqa1-tiles serving-gqa1-again gemma-tiles"
 # From the repository's root, SGLang 0.5.23 and flashinfer installed.
 set -u
 out=${OUT:?OUT: where the results go}
@@ -41,8 +48,8 @@ servers() {  # NAME MODEL CHUNK SECONDS: the matrix at one chunk, page 1, radix 
     --pages 1 --radix on --prompts 12 --parallel 1 --max-total-tokens 32768 --mem-fraction-static 0.85 \
     --deadline-s $(($4 - 60)) --logs "$out/$1-logs" --out "$out/$1.json"
 }
-serving() {  # NAME MODEL BASELINES SECONDS KV_TOKENS: split attention against its deferrals, rollouts and agents
-  step "$1" "$4" $py benchmarks/serving.py --model-path "$2" --dummy --setups plugin-256-defaults,plugin-256-no-split \
+serving() {  # NAME MODEL BASELINES SECONDS KV_TOKENS [SETUPS]: split attention against its deferrals, rollouts and agents
+  step "$1" "$4" $py benchmarks/serving.py --model-path "$2" --dummy --setups "${6:-plugin-256-defaults,plugin-256-no-split}" \
     --workloads rl,agent --repeat-setups "" --skip-long-prompts --baselines "$3" --deadline-s $(($4 - 150)) \
     --max-total-tokens "$5" --logs "$out/$1-logs" --out "$out/$1.json"
 }
@@ -57,6 +64,13 @@ for s in $steps; do
     # KV pools: two servers overlap (one verified while the next starts); GQA 1's KV is 256 KiB a token.
     serving-gqa1) serving serving-gqa1 benchmarks/models/granite-gqa1 benchmarks/logs/split_attention_h200/baselines-gqa1 480 150000;;
     serving-granite) serving serving-granite benchmarks/models/granite-3.1-8b benchmarks/logs/serving_h200_granite 540 250000;;
+    gqa1-tiles) servers gqa1-tiles benchmarks/models/granite-gqa1 256 330;;
+    gemma-tiles) servers gemma-tiles benchmarks/models/gemma-2b 256 260;;
+    serving-gqa1-again)
+      mkdir -p "$out/gqa1-baselines"
+      cp "$out/gqa1-tiles-logs/baseline-page1.json" "$out/gqa1-baselines/baseline-flashinfer.json"
+      serving serving-gqa1-again benchmarks/models/granite-gqa1 "$out/gqa1-baselines" 400 150000 \
+        plugin-256-no-split,plugin-256-defaults;;
     replay) step replay 300 $py -m benchmarks.replay_determinism replay --schedules benchmarks/schedules_split.json \
       benchmarks/schedules_chat_split.json --json "$out/results_split.json";;
   esac
