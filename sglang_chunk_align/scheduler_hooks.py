@@ -110,7 +110,7 @@ def _arm(scheduler, rules_available):
     if startup.armed:
         _refuse(scheduler, startup)
         if startup.rules is not None:
-            _keep_batches_on_solo_tiles(scheduler)
+            _turn_mixed_chunks_off(scheduler)
     prefill_hooks.activate(startup.rules)
     decode_wait.activate(startup.decode_wait)
     return startup
@@ -254,12 +254,18 @@ def _radix_cache(scheduler):
     return "off (--disable-radix-cache, or an SGLang setting that implies it)", None
 
 
-def _keep_batches_on_solo_tiles(scheduler):
+def _turn_mixed_chunks_off(scheduler):
+    """Mixed chunks run a decoding request's new token as a one-token extend in fa2 prefill. Issue
+    32 measured that row against the decode step's on an H200 (benchmarks/probe_mixed_decode.py):
+    it differs, so the request's next token could change with the batch it landed in."""
     if getattr(scheduler, "is_mixed_chunk", False):
         scheduler.is_mixed_chunk = False
         logger.warning(
-            "sglang-chunk-align: --enable-mixed-chunk turned off: decodes mixed into a prefill "
-            "batch move its requests onto a smaller fa2 tile, which breaks bit-exactness."
+            "sglang-chunk-align: --enable-mixed-chunk turned off: a decoding request's row computed as "
+            "a one-token extend in a prefill batch differs from its decode step's (measured on an H200, "
+            "flashinfer 0.7.2: beside a prefill chunk from 100 KV tokens on, 17 at head_dim 256; in a call "
+            "of its own past 2048, where prefill splits the KV at 4096 and decode at 2048), so its next token "
+            "could change; decodes run in decode steps."
         )
 
 

@@ -157,7 +157,7 @@ def test_grid_rules_turn_mixed_chunk_off_with_a_warning(plugin, caplog):
     with caplog.at_level("WARNING", logger="sglang_chunk_align"):
         scheduler_alignment(chunk=256, state=state)
     assert state["is_mixed_chunk"] is False
-    assert "--enable-mixed-chunk turned off" in caplog.text
+    assert "--enable-mixed-chunk turned off: a decoding request's row computed as a one-token extend" in caplog.text
 
 
 def test_mixed_chunk_stays_on_without_the_rules(plugin, monkeypatch):
