@@ -27,7 +27,6 @@ not the reference to keep). Run from the repository root:
 python3 -m benchmarks.probe_mixed_decode --json benchmarks/logs/mixed_decode_h200.json
 """
 
-import argparse
 import json
 import sys
 
@@ -135,15 +134,11 @@ def verdict(results):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", help="write the JSON document here too")
-    args = parser.parse_args(argv)
-    import torch
+    from benchmarks.probe_split_attention import environment, probe_arguments
 
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU and flashinfer", file=sys.stderr)
+    args = probe_arguments(__doc__, argv)
+    if args is None:
         return 2
-    from benchmarks.probe_split_attention import environment
 
     results = []
     for shape in SHAPES:

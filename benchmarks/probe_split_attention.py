@@ -202,14 +202,22 @@ def sglang_wrappers(shape, workspace):
     return new_wrapper, plan_args, plan_kwargs, dict(causal=True, sm_scale=shape.head_dim**-0.5)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def probe_arguments(doc, argv):
+    """A GPU probe's arguments (--json), or None where there is no CUDA GPU, said on stderr."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--json", help="write the JSON document here too")
     args = parser.parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         print("needs a CUDA GPU and flashinfer", file=sys.stderr)
+        return None
+    return args
+
+
+def main(argv=None):
+    args = probe_arguments(__doc__, argv)
+    if args is None:
         return 2
     env = dict(environment(), kernel_facts=installed_facts().describe())  # fails here without flashinfer
     results = []
