@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from benchmarks import analysis, scheduling, workload
 from sglang_chunk_align import kernel_facts, prefill_hooks, releases
 from sglang_chunk_align.harness import scheduler_driver
-from sglang_chunk_align.compat import SPLIT_ATTENTION_ENV, env_flag, sglang_at_least
+from sglang_chunk_align.compat import sglang_at_least
 from sglang_chunk_align.planning import Rules
 from tests import kernel_oracle as oracle
 
@@ -30,17 +30,18 @@ RULES = Rules()  # the rules where the backend does not say its geometry
 SHAPES = {shape.name: shape for shape in workload.SHAPES}
 
 
-def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, shape=None, page_size=1, facts=None):
+def run_schedule(prompts, chunk, kv_tokens, radix, rules=True, shape=None, page_size=1, facts=None, split=True):
     """prompts: [(prompt_len, shared_len, arrival_step)]; returns the driver's result.
 
     `shape` is the model the stand-in backend plans prefill for (None: it does not say); `facts`
-    the kernel facts the plugin plans with (kernel_facts.chosen; None: the installed release's).
+    the kernel facts the plugin plans with (kernel_facts.chosen; None: the installed release's);
+    `split` the configuration's split attention (SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION).
     """
     with kernel_facts.chosen(facts) if facts else contextlib.nullcontext():
-        return _run_schedule(prompts, chunk, kv_tokens, radix, rules, shape, page_size)
+        return _run_schedule(prompts, chunk, kv_tokens, radix, rules, shape, page_size, split)
 
 
-def _run_schedule(prompts, chunk, kv_tokens, radix, rules, shape, page_size):
+def _run_schedule(prompts, chunk, kv_tokens, radix, rules, shape, page_size, split):
     base = [random.Random(1).randrange(1000, 90_000) for _ in range(max(p[0] for p in prompts))]
     requests, arrivals = [], []
     for rid, (prompt_len, shared_len, arrival) in enumerate(prompts):
@@ -54,10 +55,9 @@ def _run_schedule(prompts, chunk, kv_tokens, radix, rules, shape, page_size):
         shared_fraction=0.5, max_output=2, n_waves=1, wave_gap_steps=1, kv_tokens=kv_tokens,
         max_running_requests=16,
     )
-    cfg = workload.SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True, rules=rules)
+    cfg = workload.SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True, rules=rules, split_attention=split)
     with scheduler_driver.sglang_config(cfg, radix, page_size) as server_args:
         align = scheduler_driver.truncation_align_size(server_args, shape, page_size)
-        split = env_flag(SPLIT_ATTENTION_ENV, True)
         assert prefill_hooks.rules_in_force() == (
             None if not rules
             else Rules(shape.group, shape.head_dim, page_size, split_attention=split) if shape
@@ -146,13 +146,11 @@ def test_radix_hit_is_rounded_down_to_the_grid():
 
 
 @pytest.mark.parametrize("split", [True, False])
-def test_a_short_prompt_beside_a_long_one_runs_in_its_own_call_or_waits_for_its_own_batch(split, monkeypatch):
+def test_a_short_prompt_beside_a_long_one_runs_in_its_own_call_or_waits_for_its_own_batch(split):
     """GQA 1: a 50-token prompt gets the 64-row tile alone, the 128-row one beside a 900-token
     prompt. Split attention runs them in one step as two fa2 calls; without it the short one waits."""
-    if not split:
-        monkeypatch.setenv(SPLIT_ATTENTION_ENV, "0")
     shape = SHAPES["g1-d128"]
-    requests, result = run_schedule([(900, 0, 0), (50, 0, 0)], 1024, 16384, radix=False, shape=shape)
+    requests, result = run_schedule([(900, 0, 0), (50, 0, 0)], 1024, 16384, radix=False, shape=shape, split=split)
     assert_every_batch_is_exact(requests, result, 1024, Rules(1, 128), shape)
     if split:
         assert result["steps"][0] == [(0, 0, 900), (1, 0, 50)]
