@@ -5,9 +5,9 @@ fa2 plans one q-tile per call from the integer average of its requests' packed q
 lengths (planning.py). A long chunk batched with short prompts moves some of
 them onto a tile their solo prefill does not get, and the grid rules used to
 keep such requests apart by deferring one of them. Measured on an H200
-(benchmarks/logs/split_attention_h200_fi072.json): one fa2 call per group of
-planning.split_by_tile, each planned over its own requests only, gives every
-member the rows of its solo prefill.
+(benchmarks/logs/split_attention_h200/split_attention.json): one fa2 call per
+group of planning.split_by_tile, each planned over its own requests only,
+gives every member the rows of its solo prefill, also through SplitPrefill.
 
 The split lives behind flashinfer's wrapper interface, so SGLang's code runs
 unchanged. For such a batch, FlashInferAttnBackend.init_forward_metadata
