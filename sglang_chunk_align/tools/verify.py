@@ -118,6 +118,11 @@ WORDS = (
     "were when we there can been has more if will one so no out up about into than them only other new "
     "some could time these two may then first any like now my such over also back after use our way"
 ).split()
+# The defaults of the command and of the in-process check (in_process.py).
+PROMPTS = 32  # requests per workload
+CONCURRENCY = 8  # requests in flight in the concurrent pass
+MAX_NEW_TOKENS = 8
+TIMEOUT_S = 300  # what one request may take
 FLUSH_WAIT_S = 30  # how long a /flush_cache may wait for the server to go idle
 RADIX_HINT = (
     "start the server with the radix cache on (the plugin's default under deterministic flashinfer; its startup "
@@ -146,15 +151,17 @@ def add_parser(commands):
     verifier.add_argument("--server", type=_url, required=True, help="URL of the server under test")
     verifier.add_argument("--reference", type=_url, help="URL of a reference server (chunked prefill off)")
     verifier.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all", help="default all")
-    verifier.add_argument("--prompts", type=at_least(1), default=32, help="requests per workload (default 32)")
-    verifier.add_argument("--concurrency", type=at_least(1), default=8, help="requests in flight in the concurrent pass (default 8)")
+    verifier.add_argument("--prompts", type=at_least(1), default=PROMPTS, help=f"requests per workload (default {PROMPTS})")
+    verifier.add_argument("--concurrency", type=at_least(1), default=CONCURRENCY,
+                          help=f"requests in flight in the concurrent pass (default {CONCURRENCY})")
     verifier.add_argument("--seed", type=int, default=0, help="seed of the workloads")
-    verifier.add_argument("--max-new-tokens", type=at_least(1), default=8, help="greedy tokens generated per request (default 8)")
+    verifier.add_argument("--max-new-tokens", type=at_least(1), default=MAX_NEW_TOKENS,
+                          help=f"greedy tokens generated per request (default {MAX_NEW_TOKENS})")
     verifier.add_argument("--input-ids", action="store_true", help="send token ids (servers with --skip-tokenizer-init)")
     verifier.add_argument("--vocab-size", type=at_least(1), help="with --input-ids: the model's vocab_size; ids are drawn below it")
     verifier.add_argument("--no-radix", action="store_true", help="the server runs without a radix cache: chat need not hit it")
     verifier.add_argument(
-        "--baseline-cache", metavar="FILE", type=_file_to_write,
+        "--baseline-cache", metavar="FILE", type=file_to_write,
         help="reuse cold answers recorded in FILE (JSON) by earlier runs against the same baseline server, "
         "and record new ones there; runs in parallel take turns at the baseline",
     )
@@ -164,7 +171,7 @@ def add_parser(commands):
         "with --reference, the same --seed, --prompts, --max-new-tokens and input), with no reference running: "
         "one GPU can record the reference, stop it, then serve the server under test; a request FILE lacks is an error",
     )
-    verifier.add_argument("--timeout", type=_seconds, default=300, help="seconds each HTTP call may take (default 300)")
+    verifier.add_argument("--timeout", type=_seconds, default=TIMEOUT_S, help=f"seconds each HTTP call may take (default {TIMEOUT_S})")
     verifier.add_argument("--json", action="store_true", help="print a JSON report")
     return verifier
 
@@ -177,7 +184,7 @@ def _url(text):
     return text.rstrip("/")
 
 
-def _file_to_write(text):
+def file_to_write(text):
     """An argparse type: a file path whose folder exists, not a folder itself, so a bad path is
     refused before any server is asked (the file is written after both passes), and nothing (no
     FILE.lock) is left beside it."""
@@ -208,10 +215,30 @@ def run(verifier, args):
         verifier.error("--recorded is the reference's answers: it takes neither --reference nor --baseline-cache")
     prompts = TokenIds(args.vocab_size) if args.input_ids else Words()
     server = Server(args.server, args.timeout)
+    progress = Progress(enabled=not args.json and sys.stderr.isatty())
     baseline = Server(args.reference, args.timeout) if args.reference else server
+    try:
+        if args.recorded:
+            baseline = Recorded(args.recorded)
+        check_reachable({"server": server, "reference": baseline} if args.reference else {"server": server})
+        report = check(server, baseline, prompts, args, progress)
+    except ServerError as error:
+        progress.clear()
+        print(f"sglang-chunk-align verify: {error}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"ok": False, "error": str(error)}))
+        return 2
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
+
+
+def check(server, baseline, prompts, args, progress):
+    """The report of every workload `args` names, sent to `server` and compared with `baseline`'s cold
+    answers (a Server, Recorded, or `server` itself); a ServerError stops it. Shared by the command
+    and the in-process check of an sglang.Engine (in_process.py), whose `server` answers as Server does."""
     report = {
         "ok": None,
-        "server": args.server,
+        "server": server.url,
         "reference": args.reference,
         "recorded": args.recorded,
         "baseline": baseline_role(args),
@@ -224,28 +251,15 @@ def run(verifier, args):
         "problems": [],
         "workloads": {},
     }
-    names = WORKLOADS if args.workload == "all" else (args.workload,)
-    progress = Progress(enabled=not args.json and sys.stderr.isatty())
-    try:
-        if args.recorded:
-            baseline = Recorded(args.recorded)
-        check_reachable({"server": server, "reference": baseline} if args.reference else {"server": server})
-        for name in names:
-            conversations = BUILDERS[name](random.Random(f"{args.seed}:{name}"), args.prompts, prompts)
-            report["workloads"][name] = check_workload(
-                name, conversations, server, baseline, prompts, args, progress, report["problems"]
-            )
-    except ServerError as error:
-        progress.clear()
-        print(f"sglang-chunk-align verify: {error}", file=sys.stderr)
-        if args.json:
-            print(json.dumps({"ok": False, "error": str(error)}))
-        return 2
+    for name in WORKLOADS if args.workload == "all" else (args.workload,):
+        conversations = BUILDERS[name](random.Random(f"{args.seed}:{name}"), args.prompts, prompts)
+        report["workloads"][name] = check_workload(
+            name, conversations, server, baseline, prompts, args, progress, report["problems"]
+        )
     report["ok"] = not report["problems"] and all(
         p["identical"] == p["requests"] for w in report["workloads"].values() for p in w["passes"].values()
     )
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return 0 if report["ok"] else 1
+    return report
 
 
 # ---------------------------------------------------------------------------
@@ -405,6 +419,45 @@ class Recorded:
         return found
 
 
+def generate_request(field, request, max_new_tokens):
+    """The /generate body of a request: greedy, with logprobs from its logprob_start_len. An
+    sglang.Engine's generate takes the same keywords (in_process.py)."""
+    return {
+        field: request.prompt,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
+        "return_logprob": True,
+        "logprob_start_len": request.logprob_start_len,
+    }
+
+
+def answer_from(where, reply):
+    """The Answer in SGLang's reply to one generate request (a decoded /generate body, or what an
+    sglang.Engine returns); a ServerError, naming `where`, for an abort or any other shape."""
+    try:
+        meta = reply["meta_info"]
+        finish = meta.get("finish_reason") or {}
+        if finish.get("type") == "abort":  # SGLang answers some aborts with 200
+            raise ServerError(f"{where}: request aborted: {finish.get('message')}")
+        return Answer(
+            input_logprobs=[_null_if_not_finite(entry[0]) for entry in meta["input_token_logprobs"]],
+            output=[(entry[1], _null_if_not_finite(entry[0])) for entry in meta["output_token_logprobs"]],
+            output_ids=reply["output_ids"],
+            text=reply.get("text") or "",
+            prompt_tokens=int(meta["prompt_tokens"]),
+            cached_tokens=int(meta["cached_tokens"]),
+        )
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as error:
+        raise ServerError(
+            f"{where}: not an SGLang reply with logprobs and output ids ({type(error).__name__}: {error})"
+        ) from None
+
+
+def _null_if_not_finite(logprob):
+    """A NaN or infinite logprob as None: SGLang's JSON encoder writes them as null, an Engine
+    returns the floats, and verify counts nulls (_nulls) the same way for both."""
+    return None if isinstance(logprob, float) and not math.isfinite(logprob) else logprob
+
+
 def check_reachable(servers):
     """Raise one ServerError naming every server ({role: Server}) that does not answer as SGLang."""
     unreachable = []
@@ -425,34 +478,14 @@ class Server:
         self.timeout = timeout
 
     def generate(self, field, request, max_new_tokens):
-        body = {
-            field: request.prompt,
-            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
-            "return_logprob": True,
-            "logprob_start_len": request.logprob_start_len,
-        }
-        status, reply = self._request("/generate", json.dumps(body).encode())
+        status, reply = self._request("/generate", json.dumps(generate_request(field, request, max_new_tokens)).encode())
         if status != 200:
             raise ServerError(f"{self.url}/generate: HTTP {status}: {_error_text(reply)}")
         try:
             reply = json.loads(reply)
-            meta = reply["meta_info"]
-            finish = meta.get("finish_reason") or {}
-            if finish.get("type") == "abort":  # SGLang answers some aborts with 200
-                raise ServerError(f"{self.url}/generate: request aborted: {finish.get('message')}")
-            output = [(entry[1], entry[0]) for entry in meta["output_token_logprobs"]]
-            return Answer(
-                input_logprobs=[entry[0] for entry in meta["input_token_logprobs"]],
-                output=output,
-                output_ids=reply["output_ids"],
-                text=reply.get("text") or "",
-                prompt_tokens=int(meta["prompt_tokens"]),
-                cached_tokens=int(meta["cached_tokens"]),
-            )
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as error:
-            raise ServerError(
-                f"{self.url}/generate: not an SGLang reply with logprobs and output ids ({type(error).__name__}: {error})"
-            ) from None
+        except ValueError as error:
+            raise ServerError(f"{self.url}/generate: not an SGLang reply ({error})") from None
+        return answer_from(f"{self.url}/generate", reply)
 
     def flush(self):
         """Empty the radix cache. SGLang refuses while requests run (HTTP 400, retried); 0.5.23
