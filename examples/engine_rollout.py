@@ -146,14 +146,23 @@ class Policies:
 
 
 def update(engine, policies, step):
-    """Load policy `step` in place and flush the cache (its entries were computed with other weights)."""
-    result = engine.update_weights_from_tensor(policies.tensors(step))
-    success, message = (result[0], result[1]) if isinstance(result, tuple) else (result.success, result.message)
+    """Load policy `step` in place and flush the cache (its entries were computed with other weights).
+    SGLang 0.5.23 takes tensors only inside a weight-update session (begin_weight_update() ..
+    end_weight_update()); releases before it have none."""
+    session = hasattr(engine, "begin_weight_update")
+    if session:
+        succeeded("begin_weight_update", engine.begin_weight_update())
+    succeeded(f"update_weights_from_tensor({policies.name})", engine.update_weights_from_tensor(policies.tensors(step)))
+    if session:
+        succeeded("end_weight_update", engine.end_weight_update())
+    succeeded("flush_cache", engine.flush_cache())
+
+
+def succeeded(call, result):
+    """Raise where an Engine call answered failure: a (success, message) pair, or an object with both."""
+    success, message = result if isinstance(result, tuple) else (result.success, result.message)
     if not success:
-        raise RuntimeError(f"update_weights_from_tensor({policies.name}) failed: {message}")
-    flushed = engine.flush_cache()
-    if not flushed.success:
-        raise RuntimeError(f"flush_cache failed: {flushed.message}")
+        raise RuntimeError(f"{call} failed: {message}")
 
 
 def cycle(engine, args, policies, vocab_size, problems):

@@ -35,10 +35,23 @@ class RolloutEngine(EngineStandIn):
         super().__init__(radix=arguments["chunked_prefill_size"] != -1)
         self.arguments, self.fault, self.weights, self.released, self.calls = arguments, fault, None, False, []
         self.tokenizer_manager.model_config.hidden_size = 8
-        self.generated = 0
+        self.generated, self.session = 0, False
         RolloutEngine.made.append(self)
 
+    def begin_weight_update(self):
+        assert not self.session
+        self.session = True
+        return True, "Success"
+
+    def end_weight_update(self):
+        if not self.session:
+            return False, "no weight-update session is open; call begin_weight_update() first"
+        self.session = False
+        return True, "Success"
+
     def update_weights_from_tensor(self, named_tensors):
+        if not self.session:  # SGLang 0.5.23's refusal
+            return False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
         self.calls.append("update")
         if self.fault != "update ignored" or self.weights is None:
             self.weights = hashlib.sha256(b"".join(t.float().numpy().tobytes() for _, t in named_tensors)).hexdigest()
