@@ -29,11 +29,15 @@ from policy 0 (the update reached the model). Both runs, the reference and the
 check, start by loading policy 0, and the check runs with policy 0 loaded.
 
 On dummy weights (--dummy: a folder holding a config.json; --load-format dummy
---skip-tokenizer-init) every weight is uniform in +-1e-3, so all logits are
-nearly equal and sampling would follow the seed alone: the policies' norm
-weights are scaled by DUMMY_NORM_SCALE so that each token's distribution has
-something to choose from. On real weights the stand-in trainer still replaces
-that norm: the answers change, which is what a new policy does.
+--skip-tokenizer-init) SGLang draws each parameter's values from the same seed,
+so the embedding and the LM head (the same size) hold the same values, and with
+a positive final norm the model repeats its last token with probability 1: no
+seed can change a sample, and no policy a logprob (the first H200 run showed
+exactly that). The dummy policies' norm weights are therefore zero-mean,
+DUMMY_NORM_SCALE * N(0, 1), which breaks that echo and spreads the logits
+(a standard deviation of about 2), so that each seed draws its own sample. On
+real weights a policy is 1 + POLICY_NOISE * N(0, 1): the stand-in trainer
+replaces that norm, and the answers change, which is what a new policy does.
 
 Exit status: 0 when every comparison holds and the check passes, 1 otherwise
 (each failure named), 2 for bad arguments or an Engine that cannot start.
@@ -47,8 +51,8 @@ import random
 import sys
 import time
 
-DUMMY_NORM_SCALE = 64.0
-POLICY_NOISE = 0.25  # each policy's norm weight is scale * (1 + POLICY_NOISE * N(0, 1))
+DUMMY_NORM_SCALE = 64.0  # a dummy policy's norm weight: DUMMY_NORM_SCALE * N(0, 1)
+POLICY_NOISE = 0.25  # a real model's: 1 + POLICY_NOISE * N(0, 1)
 
 
 def main(argv=None):
@@ -134,15 +138,16 @@ def engine_arguments(args, reference):
 
 
 class Policies:
-    """The stand-in trainer: policy k's tensor for --param, a function of k alone."""
+    """The stand-in trainer: policy k's tensor for --param, a function of k alone (see the docstring
+    above for why dummy weights get a zero-mean one)."""
 
     def __init__(self, args, hidden_size, torch):
-        self.name, self.hidden_size, self.torch = args.param, hidden_size, torch
-        self.scale = DUMMY_NORM_SCALE if args.dummy else 1.0
+        self.name, self.hidden_size, self.torch, self.dummy = args.param, hidden_size, torch, args.dummy
 
     def tensors(self, step):
         noise = self.torch.randn(self.hidden_size, generator=self.torch.Generator().manual_seed(step))
-        return [(self.name, (self.scale * (1 + POLICY_NOISE * noise)).to(self.torch.bfloat16))]
+        weight = DUMMY_NORM_SCALE * noise if self.dummy else 1 + POLICY_NOISE * noise
+        return [(self.name, weight.to(self.torch.bfloat16))]
 
 
 def update(engine, policies, step):

@@ -12,11 +12,12 @@
 #        0, 1, 0, 1 (the replays in reverse order), then verify_engine against OUT/reference.json;
 #     3. only if the cycle did not finish (no cycle.json: its Engine did not start, or a memory release
 #        failed): the cycle again without the memory saver.
+#   cycle: the cycle alone, without the check (no reference recorded on this flashinfer);
 #   fi074 (flashinfer 0.7.4: carry .stage/fi074 instead of .stage/fi072, FI=fi074 for the prelude):
 #     4. benchmarks/real_server.py: a stock unchunked reference and the plugin at chunks 128 and 256,
 #        page 1, radix on, Granite-3.1-8B's shape, each verified (mixed, chat, tiles).
 #
-#   usage: OUT=DIR [PY=python3] STEPS="engine" | STEPS="fi074" bash benchmarks/logs/engine_h200/run.sh
+#   usage: OUT=DIR [PY=python3] STEPS="engine" | STEPS="cycle fi074" bash benchmarks/logs/engine_h200/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh).
 set -u
 out=${OUT:?OUT: where the results go}
@@ -39,12 +40,14 @@ step() {  # NAME SECONDS COMMAND...: the step's output in OUT/NAME.log; any SGLa
   return $code
 }
 qwen=benchmarks/models/qwen2.5-7b
+stand_in() {  # Qwen2's MLP imports the CuTe DSL, which this machine lacks: the sm90 stand-in gives its answers.
+  cp benchmarks/stand_ins/cutedsl_dual_gemm_sm90.py \
+    "$($py -c 'import sglang, os; print(os.path.dirname(sglang.__file__))')/kernels/ops/gemm/cutedsl_dual_gemm.py"
+}
 for s in $steps; do
   case $s in
     engine)
-      # Qwen2's MLP imports the CuTe DSL, which this machine lacks: the sm90 stand-in gives its answers.
-      cp benchmarks/stand_ins/cutedsl_dual_gemm_sm90.py \
-        "$($py -c 'import sglang, os; print(os.path.dirname(sglang.__file__))')/kernels/ops/gemm/cutedsl_dual_gemm.py"
+      stand_in
       step reference 400 $py examples/engine_rollout.py --model-path $qwen --dummy \
         --record-reference "$out/reference.json" --json "$out/reference_run.json"
       step cycle 420 $py examples/engine_rollout.py --model-path $qwen --dummy \
@@ -53,10 +56,13 @@ for s in $steps; do
         step cycle-no-memory-saver 360 $py examples/engine_rollout.py --model-path $qwen --dummy --no-memory-saver \
           --recorded "$out/reference.json" --json "$out/cycle_no_memory_saver.json"
       fi;;
+    cycle)  # the cycle alone, with no reference (on a flashinfer release other than the reference's)
+      stand_in
+      step cycle-alone 300 $py examples/engine_rollout.py --model-path $qwen --dummy --json "$out/cycle_alone.json";;
     fi074)
-      step fi074-granite 540 $py benchmarks/real_server.py --model-path benchmarks/models/granite-3.1-8b --dummy \
+      step fi074-granite 480 $py benchmarks/real_server.py --model-path benchmarks/models/granite-3.1-8b --dummy \
         --phases matrix --chunks 128,256 --pages 1 --radix on --prompts 12 --parallel 2 \
-        --max-total-tokens 32768 --mem-fraction-static 0.85 --deadline-s 420 \
+        --max-total-tokens 32768 --mem-fraction-static 0.85 --deadline-s 360 \
         --logs "$out/fi074-logs" --out "$out/fi074_granite.json";;
   esac
 done
