@@ -7,8 +7,10 @@ sends that server the workloads a deterministic deployment meets and compares
 every request's input-token logprobs and generated tokens, bit for bit, with
 the same request answered alone and cold (the baseline).
 
-Standard library only, and imported only by the command: it runs on a client
-machine without SGLang, and plugin loading in SGLang's processes never pays for it.
+Standard library only, and imported only by the command and by the in-process
+check of an sglang.Engine (in_process.py, which reuses check()): it runs on a
+client machine without SGLang, and plugin loading in SGLang's processes never
+pays for it.
 
 Workloads (deterministic per --seed; --prompts requests each):
 
