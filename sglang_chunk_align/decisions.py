@@ -114,7 +114,6 @@ def deferral(rules, parked, members, start, prompt_len):
     return ONE_TILE_PER_BATCH if tile_conflicts(batch, rules) else None
 
 
-
 def tile_groups(rules, extend_lens, kv_lens):
     """The fa2 calls split attention runs a prefill batch as: split_by_tile's groups of batch
     indices, or None where one call serves every member (the stock path).

@@ -112,7 +112,6 @@ from http import HTTPStatus
 from ..alignment import PREFILL_Q_TILE_TOKENS
 from .arguments import at_least
 
-WORKLOADS = ("mixed", "chat", "tiles")
 TURNS = 4
 SYSTEM_PROMPT_TOKENS = 300
 WORDS = (
@@ -362,6 +361,7 @@ def tiles_workload(rng, count, prompts):
 
 
 BUILDERS = {"mixed": mixed_workload, "chat": chat_workload, "tiles": tiles_workload}
+WORKLOADS = tuple(BUILDERS)
 
 
 # ---------------------------------------------------------------------------
