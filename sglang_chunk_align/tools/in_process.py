@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import concurrent.futures
 import threading
-import time
 
 from . import verify
 
@@ -117,11 +116,10 @@ class EngineServer:
     def flush(self):
         """Empty the radix cache. The scheduler refuses while requests run: retried for up to
         verify.FLUSH_WAIT_S, as verify retries a server's HTTP 400."""
-        deadline = time.monotonic() + verify.FLUSH_WAIT_S
-        while True:
+
+        def attempt():
             result = self._await("flush_cache", self.engine.tokenizer_manager.flush_cache())
-            if result.success:
-                return
-            if time.monotonic() > deadline:
-                raise verify.ServerError(f"{self.url} flush_cache: refused for {verify.FLUSH_WAIT_S} s: {result.message}")
-            time.sleep(0.2)
+            return None if result.success else verify.ServerError(
+                f"{self.url} flush_cache: refused for {verify.FLUSH_WAIT_S} s: {result.message}")
+
+        verify.retry_while_busy(attempt)

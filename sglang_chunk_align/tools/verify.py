@@ -460,6 +460,17 @@ def _null_if_not_finite(logprob):
     return None if isinstance(logprob, float) and not math.isfinite(logprob) else logprob
 
 
+def retry_while_busy(attempt):
+    """Call attempt() until it returns None (done); while it returns the error a busy server gives,
+    retry every 0.2 s for up to FLUSH_WAIT_S, then raise that error. A final refusal it raises itself.
+    The flushes of a server and of an in-process Engine (in_process.py) wait so."""
+    deadline = time.monotonic() + FLUSH_WAIT_S
+    while (busy := attempt()) is not None:
+        if time.monotonic() > deadline:
+            raise busy
+        time.sleep(0.2)
+
+
 def check_reachable(servers):
     """Raise one ServerError naming every server ({role: Server}) that does not answer as SGLang."""
     unreachable = []
@@ -492,14 +503,17 @@ class Server:
     def flush(self):
         """Empty the radix cache. SGLang refuses while requests run (HTTP 400, retried); 0.5.23
         waits up to ?timeout for idle. Any other answer is final."""
-        deadline = time.monotonic() + FLUSH_WAIT_S
-        while True:
+
+        def attempt():
             status, reply = self._request(f"/flush_cache?timeout={min(FLUSH_WAIT_S, self.timeout / 2)}", b"")
             if status == 200:
-                return
-            if status != HTTPStatus.BAD_REQUEST or time.monotonic() > deadline:
-                raise ServerError(f"{self.url}/flush_cache: HTTP {status}: {_error_text(reply)}")
-            time.sleep(0.2)
+                return None
+            refused = ServerError(f"{self.url}/flush_cache: HTTP {status}: {_error_text(reply)}")
+            if status != HTTPStatus.BAD_REQUEST:
+                raise refused
+            return refused
+
+        retry_while_busy(attempt)
 
     def reach(self):
         """Raise ServerError unless the server answers as SGLang: its model info, a JSON object
