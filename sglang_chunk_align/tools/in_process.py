@@ -1,11 +1,11 @@
 """The in-process check: `verify`'s workloads and comparison against an `sglang.Engine`, without HTTP.
 
-RL frameworks host SGLang in process (verl and AReaL build an `sglang.Engine`
-inside a Ray actor), where `verify`, which talks to HTTP servers, cannot reach
-it. `verify_engine` sends an Engine the same prompts in the same two passes
-(one request at a time, then `concurrency` in flight, each after a cache
-flush) and compares every request's input logprobs and greedy tokens, bit for
-bit, with the reference's cold answers recorded in a file. One GPU is enough:
+RL frameworks host SGLang in process (an `sglang.Engine` inside a Ray actor,
+say), where `verify`, which talks to HTTP servers, cannot reach it.
+`verify_engine` sends an Engine the same prompts in the same two passes (one
+request at a time, then `concurrency` in flight, each after a cache flush)
+and compares every request's input logprobs and greedy tokens, bit for bit,
+with the reference's cold answers recorded in a file. One GPU is enough:
 the reference records its answers once, and need not run while the Engine
 under test does.
 
