@@ -23,7 +23,10 @@ Phases (--phases, all by default):
   --pages x radix off/on, --parallel servers at a time on the one GPU, each
   checked with `sglang-chunk-align verify` against its reference. The
   reference's cold answers are recorded once (verify --baseline-cache), so the
-  servers share it without ever batching with each other there;
+  servers share it without ever batching with each other there. With
+  --one-model-at-a-time the reference stops once they are recorded and the
+  plugin servers are checked against the recorded answers alone (verify
+  --recorded): for a model the GPU cannot hold twice;
 - refusals: the plugin refusing chunks 100 and 200 at startup, and stock
   SGLang (no plugin) refusing 256;
 - rules-off: in the matrix, SGLANG_CHUNK_ALIGN_RULES=0 (upstream's length
@@ -72,9 +75,12 @@ def main(argv=None):
     parser.add_argument("--phases", default="matrix,refusals,rules-off")
     parser.add_argument("--chunks", default="128,256,1024")
     parser.add_argument("--pages", default="1,16")
-    parser.add_argument("--radix", default="off,on")
+    parser.add_argument("--radix", default="off,on", help="off, on, default (the plugin decides): comma-separated")
     parser.add_argument("--prompts", type=int, default=32, help="verify --prompts (requests per workload)")
     parser.add_argument("--parallel", type=int, default=3, help="plugin servers at a time in the matrix")
+    parser.add_argument("--one-model-at-a-time", action="store_true",
+                        help="stop each reference once its answers are recorded and check against those alone, "
+                             "so the GPU never holds the model twice (with --parallel 1; for models it cannot)")
     parser.add_argument("--mem-fraction-static", type=float, default=0.8,
                         help="per server; SGLang 0.5.23 counts the memory other servers hold against it")
     parser.add_argument("--max-total-tokens", type=int, default=65536,
@@ -123,12 +129,16 @@ class Run:
         cache = os.path.join(self.logs, f"baseline-page{page}.json")
         entry = verify(self, server, server, cache, radix=False)
         self.record({**entry, "role": "reference: stock, unchunked, radix off, checked against itself"})
+        if self.args.one_model_at_a_time:
+            server.stop()
+            server = None  # the plugin servers are checked against its recorded answers alone
         self.references[page] = server, cache
         return server, cache
 
     def stop(self):
         for server, _ in self.references.values():
-            server.stop()
+            if server is not None:
+                server.stop()
 
     def time_left(self):
         return self.args.deadline_s - (time.monotonic() - self.started)
@@ -301,11 +311,13 @@ def phase_matrix(run):
 
 
 def _check_plugin(run, chunk, page, radix, rules):
+    """radix "on" or "off": the plugin's switch set so and the server flag to match; "default":
+    neither, so the plugin decides (off with a mamba prefix cache) and its startup line says why."""
     reference, cache = run.reference(page)
-    env = {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_RADIX_CACHE": "1" if radix == "on" else "0",
-           "SGLANG_CHUNK_ALIGN_RULES": "1" if rules else "0"}
+    env = {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_RULES": "1" if rules else "0",
+           **({} if radix == "default" else {"SGLANG_CHUNK_ALIGN_RADIX_CACHE": "1" if radix == "on" else "0"})}
     name = f"plugin-chunk{chunk}-page{page}-radix{radix}" + ("" if rules else "-rules0")
-    server = Server(run, name, chunk, page, env, extra=[] if radix == "on" else ["--disable-radix-cache"])
+    server = Server(run, name, chunk, page, env, extra=["--disable-radix-cache"] if radix == "off" else [])
     try:
         if not server.wait_ready():
             run.record({**server.describe(), "ok": False, "error": server.log()[-3000:]})
