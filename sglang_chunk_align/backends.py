@@ -41,22 +41,26 @@ class Declaration:
     A plain class, as workspace.Planned (patches.py's import-cost rule).
     """
 
-    __slots__ = ("fa2", "kept_align", "geometry", "source")
+    __slots__ = ("fa2", "kept_align", "packed_chunk", "geometry", "source")
 
-    def __init__(self, fa2=(), kept_align=None, geometry=None, source=None):
+    def __init__(self, fa2=(), kept_align=None, packed_chunk=None, geometry=None, source=None):
         # The deterministic FlashInferAttnBackends whose fa2 q-tile grid this declares: the backend
         # itself, or those its forwarded children run. Only where there is one is the plugin armed.
         self.fa2 = fa2
         # Tokens declared apart from fa2's grid: the alignment stock kept for deterministic triton
         # before 0.5.22 (triton_declaration), where SGLang runs as stock; else None.
         self.kept_align = kept_align
+        # Tokens by which a linear-attention kernel chunks a prefill batch's packed tokens (Mamba2's
+        # chunked scan), or None. Counted only beside fa2's grid, where the plugin is armed: chunk
+        # starts join it, so that a request's kernel chunks fall where its solo prefill's do.
+        self.packed_chunk = packed_chunk
         self.geometry = geometry  # QTileGeometry fa2's prefill is planned with, or None: unknown
         self.source = source  # where the geometry was read, for the scheduler's startup line
 
     def align(self, facts):
         """Tokens (or None): the chunk starts this backend needs, with fa2's grid counted by the
         kernel facts `facts` (kernel_facts.KernelFacts; unread, and may be None, without fa2)."""
-        return combine_alignments(self.kept_align, facts.chunk_align if self.fa2 else None)
+        return combine_alignments(self.kept_align, *((facts.chunk_align, self.packed_chunk) if self.fa2 else ()))
 
     @property
     def aligned(self):
@@ -110,6 +114,15 @@ def triton_declaration(backend):
     return Declaration(kept_align=int(raw))
 
 
+def mamba2_declaration(backend):
+    """Mamba2's chunked scan cuts a prefill batch's packed tokens into chunks of mamba_chunk_size
+    counted from the batch's first token, not each request's (Mamba2Metadata's chunk_indices and
+    chunk_offsets). A request's results therefore follow where its extend starts in its batch and
+    in its prompt; fa2's grid rules join this chunk (planning.Rules.packed_chunk)."""
+    chunk = getattr(backend, "mamba_chunk_size", None)
+    return Declaration(packed_chunk=chunk) if isinstance(chunk, int) and chunk > 1 else NOTHING
+
+
 class Forward:
     """A wrapper's `prefill_declaration`: what the named children that run its prefill declare,
     combined. Read on the class it is itself, so `doctor` sees which children to build."""
@@ -131,6 +144,7 @@ class Forward:
         return Declaration(
             fa2=tuple(fa2 for d in declared for fa2 in d.fa2),
             kept_align=combine_alignments(*(d.kept_align for d in declared)),
+            packed_chunk=combine_alignments(*(d.packed_chunk for d in declared)),
             geometry=agreed.geometry, source=agreed.source,
         )
 

@@ -88,13 +88,15 @@ def ignore_eos_end(rules, start, budget, prompt_len, others, chunk_in_batch):
 BEHIND_A_PARKED_CHUNK = "behind a chunked request that waits this step"
 ONE_TILE_PER_BATCH = "to keep batch members on their solo tiles"
 OFF_TILE_IN_ITS_CALL = "so that no member runs off its solo tile in its tile class's fa2 call"
+ALONE_FOR_PACKED_CHUNKS = "so that a kernel chunking the batch's packed tokens (Mamba2) sees each request alone"
 
 
 def deferral(rules, parked, members, start, prompt_len):
     """Why a new request starting at `start` waits, or None where it may be admitted: behind a
-    chunked request `parked` this step (requests behind it would take its KV memory), or because
-    some batch member would run off its solo tile. `members`: (extend_len, kv_len, prompt_len) of
-    the requests admitted before it. Where the backend splits attention by tile class
+    chunked request `parked` this step (requests behind it would take its KV memory), behind any
+    member where a kernel chunks the batch's packed tokens (rules.packed_chunk: its chunks would
+    start where the members before it end), or because some batch member would run off its solo
+    tile. `members`: (extend_len, kv_len, prompt_len) of the requests admitted before it. Where the backend splits attention by tile class
     (rules.split_attention), only what splitting cannot fix counts (split_by_tile's off_tile);
     elsewhere every member must share the batch's one tile.
 
@@ -108,6 +110,8 @@ def deferral(rules, parked, members, start, prompt_len):
         return BEHIND_A_PARKED_CHUNK
     if not members:
         return None
+    if rules.packed_chunk:
+        return ALONE_FOR_PACKED_CHUNKS
     batch = [*members, (min(prompt_len - start, rules.min_tail), prompt_len, prompt_len)]
     if rules.split_attention:
         return OFF_TILE_IN_ITS_CALL if split_by_tile(batch, rules).off_tile else None

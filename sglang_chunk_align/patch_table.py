@@ -64,8 +64,11 @@ PATCH_POINTS = (
               "keeps what these releases aligned deterministic triton to", f"<{_STOCK_CHECK}"),
     *_forward(_ATTN + "hybrid_attn_backend", "HybridAttnBackend", ("prefill_backend",),
               "EXTEND runs on the prefill backend"),
-    *_forward(_ATTN + "hybrid_linear_attn_backend", "HybridLinearAttnBackend", ("full_attn_backend",),
-              "full-attention layers run on the full-attention child; the mamba grid is SGLang's own LCM step"),
+    *_forward(_ATTN + "hybrid_linear_attn_backend", "HybridLinearAttnBackend", ("full_attn_backend", "linear_attn_backend"),
+              "full-attention layers prefill on the full-attention child, linear-attention layers on the linear one"),
+    *_declare(_ATTN + "hybrid_linear_attn_backend", "Mamba2AttnBackend", backends.mamba2_declaration,
+              "Mamba2's chunked scan chunks a prefill batch's packed tokens from the batch's first token, so chunk "
+              "starts must join its chunk and a prefill batch hold one request"),
     *_forward(_ATTN + "tbo_backend", "TboAttnBackend", ("primary",),
               "runs its primary's prefill; from 0.5.15 its __getattr__ would, but a base-class default shadows it"),
     *_forward(_ATTN + "minimax_sparse_backend", "MiniMaxHybridAttnBackend", ("dense", "sparse"),

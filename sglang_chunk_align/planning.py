@@ -54,10 +54,10 @@ class Rules:
     alone re-derived costs a continuation decision ~25 µs. A slots class, not a dataclass: this
     module loads in every SGLang process (patches.py says why)."""
 
-    __slots__ = ("group", "head_dim", "page_size", "facts", "split_attention", "grid", "min_tail", "exempt_kv",
-                 "tile_grid")
+    __slots__ = ("group", "head_dim", "page_size", "facts", "split_attention", "packed_chunk", "grid", "min_tail",
+                 "exempt_kv", "tile_grid")
 
-    def __init__(self, group=1, head_dim=None, page_size=1, facts=None, split_attention=False):
+    def __init__(self, group=1, head_dim=None, page_size=1, facts=None, split_attention=False, packed_chunk=None):
         self.group = group  # packed rows per token: q heads per KV head as fa2 is planned (1: unknown)
         self.head_dim = head_dim  # None: unknown, tiles compared at every head_dim, no short-KV exemption
         self.page_size = page_size  # SGLang's KV page: a reused prefix ends on a page
@@ -65,9 +65,14 @@ class Rules:
         # Whether the backend runs a batch as one fa2 call per tile class (split_attention.py), so
         # that members of different classes may share a batch.
         self.split_attention = split_attention
+        # Tokens by which a linear-attention kernel (Mamba2) chunks a prefill batch's packed tokens, or
+        # None (backends.Declaration.packed_chunk). Its chunks run from the batch's first token: a
+        # request's fall where its solo prefill's do only where it starts its batch, alone, on a
+        # multiple of it.
+        self.packed_chunk = packed_chunk
         rows = facts.grid_rows
         # Tokens; every extend starts on a multiple of it.
-        self.grid = math.lcm(q_tile_grid(rows, group), page_size) if rows else page_size
+        self.grid = math.lcm(q_tile_grid(rows, group) if rows else 1, page_size, packed_chunk or 1)
         # Tokens; the shortest extend that gets the full tile.
         self.min_tail = facts.full_tile_above_rows(head_dim) // group + 1
         # Members whose KV is at most this many tokens may run on any tile.
@@ -77,7 +82,7 @@ class Rules:
         self.tile_grid = math.lcm(q_tile_grid(facts.cta_tile(1 << 30, 0), group), page_size)
 
     def _given(self):
-        return self.group, self.head_dim, self.page_size, self.facts, self.split_attention
+        return self.group, self.head_dim, self.page_size, self.facts, self.split_attention, self.packed_chunk
 
     def __eq__(self, other):  # rules are equal where they were given the same; the rest derives
         return type(other) is Rules and self._given() == other._given()
@@ -86,7 +91,8 @@ class Rules:
         return hash(self._given())
 
     def __repr__(self):
-        return "Rules(group={}, head_dim={}, page_size={}, facts={!r}, split_attention={})".format(*self._given())
+        return ("Rules(group={}, head_dim={}, page_size={}, facts={!r}, split_attention={}, packed_chunk={})"
+                .format(*self._given()))
 
     def solo_tile(self, prompt_len):
         return self.facts.cta_tile(prompt_len * self.group, self.head_dim)
@@ -96,9 +102,11 @@ class Rules:
 
     def describe(self):
         """The grid in words, for the scheduler's log line and doctor."""
+        packed = (f", {self.packed_chunk}-token linear-attention kernel chunks: one request per prefill batch"
+                  if self.packed_chunk else "")
         return (
             f"{self.grid}-token grid, pieces over {self.min_tail - 1} tokens "
-            f"(GQA group {self.group}, head_dim {self.head_dim or 'unknown'}, page {self.page_size}; "
+            f"(GQA group {self.group}, head_dim {self.head_dim or 'unknown'}, page {self.page_size}{packed}; "
             f"{self.facts.describe()})"
         )
 

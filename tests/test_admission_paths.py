@@ -25,9 +25,10 @@ VOCAB_SIZE = 1000
 
 
 @contextmanager
-def adder_with(chunk, kv_tokens, rules, max_new_tokens=2):
+def adder_with(chunk, kv_tokens, rules, max_new_tokens=2, attn_backend=None):
     """(a fresh PrefillAdder factory, a Req factory) under chunk `chunk` and `kv_tokens` of KV,
-    with the grid rules activated by the startup check (rules=True) or left off."""
+    with the grid rules activated by the startup check (rules=True) or left off; the live backend
+    a deterministic FlashInferAttnBackend unless `attn_backend` (a function making one) says."""
     import torch
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.schedule_policy import PrefillAdder
@@ -36,10 +37,12 @@ def adder_with(chunk, kv_tokens, rules, max_new_tokens=2):
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     with standins.published(True, chunk, disable_radix_cache=True) as server_args:
-        standins.run_alignment_steps(standins.scheduler(server_args, standins.flashinfer_backend()))
+        live = (attn_backend or standins.flashinfer_backend)()
+        standins.run_alignment_steps(standins.scheduler(server_args, live))
         if not rules:
             prefill_hooks.activate(None)
-        assert prefill_hooks.rules_in_force() == (Rules(split_attention=True) if rules else None)
+        expected = Rules(split_attention=True, packed_chunk=live.prefill_declaration.packed_chunk)
+        assert prefill_hooks.rules_in_force() == (expected if rules else None)
         kv = MHATokenToKVPool(kv_tokens, 1, torch.bfloat16, 1, 1, 1, "cpu", False)
         allocator = TokenToKVPoolAllocator(kv_tokens, torch.bfloat16, "cpu", kv, need_sort=False)
         req_pool = ReqToTokenPool(4, 4096, "cpu", False)
@@ -257,3 +260,45 @@ def test_ignore_eos_request_with_no_grid_cut_waits_without_reporting(plugin, rul
         admit_new(adder, first)
         admit_new(adder, second)
         assert len(adder.can_run_list) == admitted and delayer.reports == reports
+
+
+def mamba2_hybrid():
+    """A Mamba2 hybrid's live backend: fa2 for attention, Mamba2's scan in 256-token chunks."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+
+    return HybridLinearAttnBackend(standins.flashinfer_backend(), standins.mamba2_backend(256), [0])
+
+
+@pytest.mark.parametrize("rules", [True, False])
+def test_a_mamba2_hybrid_prefills_one_request_a_batch(plugin, rules):
+    """Mamba2 chunks a prefill batch's packed tokens from the batch's first token, so a second
+    request's chunks would start wherever the first ends: under the rules it waits for a batch of
+    its own. Stock puts both in one batch."""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    with adder_with(512, kv_tokens=4096, rules=rules, attn_backend=mamba2_hybrid) as (new_adder, new_req):
+        adder = new_adder()
+        first, second = new_req(0, 100), new_req(1, 100)
+        admit_new(adder, first)
+        waits = admit_new(adder, second) == AddReqResult.OTHER
+        assert waits == rules and adder.can_run_list == ([first] if rules else [first, second])
+
+
+def test_a_mamba2_hybrid_is_cut_on_its_kernel_chunks_and_continues_alone(plugin):
+    """Chunk 512, a 530-token prompt: fa2's grid alone would cut at 384 (leaving the final 146
+    tokens their full tile), the Mamba2 kernel chunks at 256. The continuation finishes alone too."""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+
+    with adder_with(512, kv_tokens=4096, rules=True, attn_backend=mamba2_hybrid) as (new_adder, new_req):
+        adder = new_adder()
+        first, second = new_req(0, 530), new_req(1, 100)
+        admit_new(adder, first)
+        assert req_extend_end(first) == 256 and admit_new(adder, second) == AddReqResult.OTHER
+        continue_from(first, 256)
+        adder = new_adder()
+        assert adder.add_chunked_req(first) is None  # the last 274 tokens: it finishes
+        assert admit_new(adder, second) == AddReqResult.OTHER and adder.can_run_list == [first]
+    with adder_with(512, kv_tokens=4096, rules=True) as (new_adder, new_req):
+        adder = new_adder()
+        admit_new(adder, new_req(0, 530))
+        assert req_extend_end(adder.can_run_list[0]) == 384

@@ -6,7 +6,7 @@ import pytest
 
 from sglang_chunk_align import releases
 from sglang_chunk_align.compat import installed_version, sglang_at_least
-from sglang_chunk_align.harness.standins import backend, flashinfer_backend, published
+from sglang_chunk_align.harness.standins import backend, flashinfer_backend, mamba2_backend, published
 
 
 @pytest.fixture
@@ -106,11 +106,25 @@ def test_only_a_declaration_for_the_fa2_grid_arms_the_plugin(deterministic, trit
 @pytest.mark.parametrize("name", ["HybridLinearAttnBackend", "ShortConvHybridAttnBackend"])
 def test_hybrid_linear_forwards_its_full_attention_backend(deterministic, name):
     cls = _class("hybrid_linear_attn_backend", name)
-    Mamba2AttnBackend = _class("hybrid_linear_attn_backend", "Mamba2AttnBackend")
-    linear = Mamba2AttnBackend.__new__(Mamba2AttnBackend)
-    assert cls(flashinfer_backend(), linear, [0]).prefill_chunk_align == 128
+    assert cls(flashinfer_backend(), mamba2_backend(), [0]).prefill_chunk_align == 128
     with published(deterministic=False):
-        assert cls(flashinfer_backend(), linear, [0]).prefill_chunk_align is None
+        assert cls(flashinfer_backend(), mamba2_backend(), [0]).prefill_chunk_align is None
+
+
+def test_mamba2_chunks_join_the_fa2_grid_where_the_plugin_is_armed(deterministic):
+    """Mamba2's chunked scan counts its chunks from a prefill batch's first token: beside
+    deterministic fa2 the hybrid declares them (chunk starts on their multiples; the grid rules
+    keep one request per prefill batch), and nowhere else does it change what stock aligns to."""
+    cls = _class("hybrid_linear_attn_backend", "HybridLinearAttnBackend")
+    hybrid = cls(flashinfer_backend(), mamba2_backend(256), [0])
+    assert hybrid.prefill_chunk_align == 256 and hybrid.prefill_declaration.packed_chunk == 256
+    assert hybrid.prefill_declaration.geometry == flashinfer_backend().prefill_declaration.geometry
+    assert cls(flashinfer_backend(), mamba2_backend(64), [0]).prefill_chunk_align == 128
+    with published(deterministic=False):
+        assert cls(flashinfer_backend(), mamba2_backend(256), [0]).prefill_chunk_align is None
+    TritonAttnBackend = _class("triton_backend", "TritonAttnBackend")
+    triton = backend(TritonAttnBackend, enable_deterministic=True)
+    assert cls(triton, mamba2_backend(256), [0]).prefill_chunk_align == triton.prefill_chunk_align
 
 
 def test_tbo_forwards_its_primary(deterministic):

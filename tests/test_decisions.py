@@ -9,7 +9,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from sglang_chunk_align.decisions import (
-    OFF_TILE_IN_ITS_CALL, ONE_TILE_PER_BATCH, admission_end, continuation_cut, deferral, ignore_eos_end,
+    ALONE_FOR_PACKED_CHUNKS, OFF_TILE_IN_ITS_CALL, ONE_TILE_PER_BATCH, admission_end, continuation_cut, deferral, ignore_eos_end,
     riding_slack, short_tail, tile_groups,
 )
 from sglang_chunk_align.kernel_facts import FI072, FI074
@@ -217,6 +217,16 @@ def test_a_new_request_waits_behind_a_parked_continuation_and_for_solo_tiles():
     assert deferral(Rules(head_dim=128), False, [(40, 40, 1000)], 0, 60) is not None
     # Its extend may be as short as min_tail (65): beside a 10-token member, 37 tokens on average.
     assert deferral(Rules(head_dim=128), False, [(10, 10, 10)], 0, 2000) == ONE_TILE_PER_BATCH
+
+
+def test_where_a_kernel_chunks_the_packed_batch_a_request_prefills_alone():
+    """Mamba2 (packed_chunk): any member ahead makes a new request wait, even one split attention
+    would let in; an empty batch takes it; a parked continuation still holds the queue first."""
+    mamba = Rules(group=4, head_dim=128, split_attention=True, packed_chunk=256)
+    assert deferral(mamba, False, [], 0, 100) is None
+    assert deferral(mamba, False, [(256, 256, 1000)], 0, 2000) == ALONE_FOR_PACKED_CHUNKS
+    assert deferral(Rules(group=4, head_dim=128, split_attention=True), False, [(256, 256, 1000)], 0, 2000) is None
+    assert deferral(mamba, True, [], 0, 100) is not None and deferral(mamba, True, [], 0, 100) != ALONE_FOR_PACKED_CHUNKS
 
 
 def test_split_attention_defers_only_what_one_call_per_tile_class_cannot_keep_on_its_tile():

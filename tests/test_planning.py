@@ -6,6 +6,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from sglang_chunk_align.alignment import chunk_size_error
+from sglang_chunk_align.backends import Declaration
 from sglang_chunk_align.kernel_facts import FI072, FI074
 from sglang_chunk_align.planning import (
     KEEP, RIDE, WAIT, Rules, chunk_end, plan, published_len, q_tile_grid, tile_conflicts, usable_prefix,
@@ -107,16 +108,22 @@ def test_tile_conflicts_in_thin_batches():
     group=st.sampled_from([1, 2, 4, 8]),
     facts=st.sampled_from([FI072, FI074]),
     head_dim=st.sampled_from([None, 128, 256, 512]),
+    packed_chunk=st.sampled_from([None, None, 256]),
 )
-@example(prompt_len=576, cached=0, chunk=512, group=1, facts=FI072, head_dim=None)  # 512 would leave 64
-@example(prompt_len=1040, cached=0, chunk=128, group=1, facts=FI072, head_dim=128)  # 16 would be left: it rides
-@example(prompt_len=2001, cached=2000, chunk=256, group=4, facts=FI072, head_dim=256)  # 1 token would be left
-def test_every_plan_starts_on_the_grid_and_keeps_the_solo_tile(prompt_len, cached, chunk, group, facts, head_dim):
-    rules = Rules(group=group, head_dim=head_dim, facts=facts)
-    if chunk_size_error(chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail):
-        assert facts is FI072 and chunk % 128
+@example(prompt_len=576, cached=0, chunk=512, group=1, facts=FI072, head_dim=None, packed_chunk=None)  # 512 would leave 64
+@example(prompt_len=1040, cached=0, chunk=128, group=1, facts=FI072, head_dim=128, packed_chunk=None)  # 16 left: it rides
+@example(prompt_len=2001, cached=2000, chunk=256, group=4, facts=FI072, head_dim=256, packed_chunk=None)  # 1 token left
+@example(prompt_len=1040, cached=0, chunk=256, group=4, facts=FI072, head_dim=128, packed_chunk=256)  # 32-token grid alone: 1024
+def test_every_plan_starts_on_the_grid_and_keeps_the_solo_tile(prompt_len, cached, chunk, group, facts, head_dim,
+                                                               packed_chunk):
+    """Mamba2's packed chunks (packed_chunk) join the grid: every piece starts on their multiples."""
+    rules = Rules(group=group, head_dim=head_dim, facts=facts, packed_chunk=packed_chunk)
+    align = Declaration(fa2=(None,), packed_chunk=packed_chunk).align(facts)
+    if chunk_size_error(chunk, align, align, min_piece=rules.min_tail):
+        assert chunk % align
         return
     chunks = plan(prompt_len, cached, chunk, rules)
+    assert all(c.start % (packed_chunk or 1) == 0 for c in chunks)
     assert chunks[-1].end == prompt_len and all(c.end > c.start for c in chunks)
     for c in chunks:  # judged by kernel_oracle, not by the rules' own lengths
         assert not oracle.call_problems(facts, group, head_dim, [(c.start, c.end, prompt_len)]), c

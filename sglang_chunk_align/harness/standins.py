@@ -112,6 +112,19 @@ def flashinfer_backend(cls=None, *, deterministic=None, planned=None, **state):
     return backend(cls or FlashInferAttnBackend, **{**flashinfer_state(deterministic), **state})
 
 
+def mamba2_backend(chunk=None):
+    """A Mamba2AttnBackend whose kernel chunks `chunk` tokens (None: one that does not say), without
+    the model runner its __init__ reads. From 0.5.20 mamba_chunk_size is a property reading the
+    model config once; before, an attribute __init__ sets."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+
+    linear = bare(Mamba2AttnBackend)
+    if chunk is not None:
+        reads_config = isinstance(getattr(Mamba2AttnBackend, "mamba_chunk_size", None), property)
+        setattr(linear, "_mamba_chunk_size" if reads_config else "mamba_chunk_size", chunk)
+    return linear
+
+
 def stock_alignment_steps():
     """The alignment steps this release's Scheduler has (the later ones came in 0.5.20-0.5.23)."""
     from sglang.srt.managers.scheduler import Scheduler
