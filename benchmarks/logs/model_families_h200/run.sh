@@ -1,0 +1,68 @@
+#!/bin/bash
+# Issue 34's H200 run: the model families RL teams train, each in real servers (benchmarks/real_server.py:
+# a stock, unchunked reference with the radix cache off, its cold answers recorded, then the plugin,
+# each server checked with `verify` against them: mixed, chat and tiles, 12 requests each, sequential
+# and concurrent). Planned whole before the machine was taken: each step under a time limit (SIGINT at
+# the limit, so real_server.py stops its servers and keeps its JSON), every result and log written into
+# OUT in the step that made it (the device call copies OUT back; COMMANDS.md beside this file).
+#
+#   qwen3   Qwen3-8B's shape: chunks 128 and 256, radix on (GQA 4, head_dim 128);
+#   hybrid  Nemotron-H-8B's shape (Mamba2 + attention): chunks 128, 256 and 512 with the radix switch
+#           unset, so the plugin decides and its startup line says why. Mamba2's scan chunks a prefill
+#           batch's packed tokens by 256 from the batch's first token: the plugin cuts on those chunks
+#           and prefills one request a batch, so it must refuse 128 and serve 256 and 512 exactly; the
+#           stock reference's concurrent pass shows what batching does without that. If the reference
+#           does not start: Granite-4.0-H-Micro's shape, the same way;
+#   moe     Qwen3-30B-A3B's shape (128 experts, GQA 8): chunk 256, radix on, one model on the GPU at a
+#           time (61 GB: the reference stops once its answers are recorded);
+#   llama   Llama-3.1-8B's shape: chunks 128 and 256, radix on.
+# Qwen3, its MoE and Llama import the CuTe DSL, which the H200 machine lacks: stand_in() puts the sm90
+# stand-in over that module (benchmarks/stand_ins/; the real kernel is SM100-only).
+#
+#   usage: OUT=DIR [PY=python3] [STEPS="qwen3 hybrid moe llama"] bash benchmarks/logs/model_families_h200/run.sh
+# From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh).
+set -u
+out=${OUT:?OUT: where the results go}
+py=${PY:-python3}
+steps=${STEPS:-qwen3 hybrid moe llama}
+models=benchmarks/models
+mkdir -p "$out"
+nvidia-smi > "$out/gpu.txt" 2>&1
+$py -c "import flashinfer, sglang, torch; print('flashinfer', flashinfer.__version__, 'sglang', sglang.__version__, 'torch', torch.__version__)" \
+  > "$out/versions.txt" 2>&1
+
+step() {  # NAME SECONDS COMMAND...: the step's output in OUT/NAME.log; any SGLang process left is killed after
+  local name=$1 limit=$2; shift 2
+  echo "== $name: start $(date +%T), limit $limit s"
+  timeout -s INT -k 30 "$limit" "$@" > "$out/$name.log" 2>&1
+  local code=$?
+  echo "== $name: exit $code at $(date +%T)"
+  pkill -f "sglang[.]cli[.]main|sglang::" ; sleep 3
+  tail -n 30 "$out/$name.log"
+  return $code
+}
+servers() {  # NAME LIMIT MODEL ARGS...: real_server.py's matrix for one model, page 1, its logs and JSON in OUT
+  local name=$1 limit=$2 model=$3; shift 3
+  step "$name" "$limit" $py benchmarks/real_server.py --model-path "$models/$model" --dummy --phases matrix --pages 1 \
+    --prompts 12 --max-total-tokens 32768 --mem-fraction-static 0.85 --deadline-s $((limit - 90)) \
+    --logs "$out/$name-logs" --out "$out/$name.json" "$@"
+}
+stand_in() {
+  cp benchmarks/stand_ins/cutedsl_dual_gemm_sm90.py \
+    "$($py -c 'import sglang, os; print(os.path.dirname(sglang.__file__))')/kernels/ops/gemm/cutedsl_dual_gemm.py"
+}
+for s in $steps; do
+  case $s in
+    qwen3) stand_in; servers qwen3-8b 420 qwen3-8b --chunks 128,256 --radix on --parallel 2;;
+    hybrid)
+      # Mamba state per running request: a bound keeps four servers' pools on one GPU.
+      servers nemotron-h-8b 420 nemotron-h-8b --chunks 128,256,512 --radix default --parallel 3 -- --max-running-requests 32
+      if ! grep -q '"name": "plugin-chunk' "$out/nemotron-h-8b.json" 2>/dev/null; then  # no plugin server came to run
+        servers granite-4.0-h-micro 360 granite-4.0-h-micro --chunks 128,256,512 --radix default --parallel 3 \
+          -- --max-running-requests 32
+      fi;;
+    moe) stand_in; servers qwen3-30b-a3b 420 qwen3-30b-a3b --chunks 256 --radix on --parallel 1 --one-model-at-a-time;;
+    llama) stand_in; servers llama-3.1-8b 330 llama-3.1-8b --chunks 128,256 --radix on --parallel 2;;
+  esac
+done
+echo "== all steps ended $(date +%T)"
