@@ -13,13 +13,16 @@
 #           and prefills one request a batch, so it must refuse 128 and serve 256 and 512 exactly; the
 #           stock reference's concurrent pass shows what batching does without that. If the reference
 #           does not start: Granite-4.0-H-Micro's shape, the same way;
+#   probe   benchmarks/probe_mamba2_batching.py: SGLang's Mamba2 scan kernel alone, a request batched
+#           after another and chunked, against its solo scan, bit for bit (the hybrid rules' premise);
 #   moe     Qwen3-30B-A3B's shape (128 experts, GQA 8): chunk 256, radix on, one model on the GPU at a
 #           time (61 GB: the reference stops once its answers are recorded);
 #   llama   Llama-3.1-8B's shape: chunks 128 and 256, radix on.
 # Qwen3, its MoE and Llama import the CuTe DSL, which the H200 machine lacks: stand_in() puts the sm90
 # stand-in over that module (benchmarks/stand_ins/; the real kernel is SM100-only).
 #
-#   usage: OUT=DIR [PY=python3] [STEPS="qwen3 hybrid moe llama"] bash benchmarks/logs/model_families_h200/run.sh
+#   usage: OUT=DIR [PY=python3] [STEPS="qwen3 hybrid moe llama"] [HYBRID_CHUNKS=128,256,512] [HYBRID_LIMIT=420]
+#          [MOE_LIMIT=420] bash benchmarks/logs/model_families_h200/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh).
 set -u
 out=${OUT:?OUT: where the results go}
@@ -56,12 +59,14 @@ for s in $steps; do
     qwen3) stand_in; servers qwen3-8b 420 qwen3-8b --chunks 128,256 --radix on --parallel 2;;
     hybrid)
       # Mamba state per running request: a bound keeps four servers' pools on one GPU.
-      servers nemotron-h-8b 420 nemotron-h-8b --chunks 128,256,512 --radix default --parallel 3 -- --max-running-requests 32
+      servers nemotron-h-8b ${HYBRID_LIMIT:-420} nemotron-h-8b --chunks ${HYBRID_CHUNKS:-128,256,512} --radix default \
+        --parallel 3 -- --max-running-requests 32
       if ! grep -q '"name": "plugin-chunk' "$out/nemotron-h-8b.json" 2>/dev/null; then  # no plugin server came to run
         servers granite-4.0-h-micro 360 granite-4.0-h-micro --chunks 128,256,512 --radix default --parallel 3 \
           -- --max-running-requests 32
       fi;;
-    moe) stand_in; servers qwen3-30b-a3b 420 qwen3-30b-a3b --chunks 256 --radix on --parallel 1 --one-model-at-a-time;;
+    probe) step probe-mamba2 150 $py benchmarks/probe_mamba2_batching.py --out "$out/probe_mamba2.json";;
+    moe) stand_in; servers qwen3-30b-a3b ${MOE_LIMIT:-420} qwen3-30b-a3b --chunks 256 --radix on --parallel 1 --one-model-at-a-time;;
     llama) stand_in; servers llama-3.1-8b 330 llama-3.1-8b --chunks 128,256 --radix on --parallel 2;;
   esac
 done
