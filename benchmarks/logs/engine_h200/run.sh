@@ -25,25 +25,10 @@ py=${PY:-python3}
 steps=${STEPS:-engine}
 mkdir -p "$out"
 tag=${steps// /_}
-nvidia-smi > "$out/gpu_$tag.txt" 2>&1
-$py -c "import flashinfer, sglang, torch; print('flashinfer', flashinfer.__version__, 'sglang', sglang.__version__, 'torch', torch.__version__)" \
-  > "$out/versions_$tag.txt" 2>&1
+. benchmarks/logs/gpu_steps.sh
+record_stack "_$tag"
 
-step() {  # NAME SECONDS COMMAND...: the step's output in OUT/NAME.log; any SGLang process left is killed after
-  local name=$1 limit=$2; shift 2
-  echo "== $name: start $(date +%T), limit $limit s"
-  timeout -s INT -k 30 "$limit" "$@" > "$out/$name.log" 2>&1
-  local code=$?
-  echo "== $name: exit $code at $(date +%T)"
-  pkill -f "sglang[.]cli[.]main|sglang::" ; sleep 3
-  tail -n 20 "$out/$name.log"
-  return $code
-}
 qwen=benchmarks/models/qwen2.5-7b
-stand_in() {  # Qwen2's MLP imports the CuTe DSL, which this machine lacks: the sm90 stand-in gives its answers.
-  cp benchmarks/stand_ins/cutedsl_dual_gemm_sm90.py \
-    "$($py -c 'import sglang, os; print(os.path.dirname(sglang.__file__))')/kernels/ops/gemm/cutedsl_dual_gemm.py"
-}
 for s in $steps; do
   case $s in
     engine)

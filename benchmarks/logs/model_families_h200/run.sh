@@ -30,29 +30,14 @@ py=${PY:-python3}
 steps=${STEPS:-qwen3 hybrid moe llama}
 models=benchmarks/models
 mkdir -p "$out"
-nvidia-smi > "$out/gpu.txt" 2>&1
-$py -c "import flashinfer, sglang, torch; print('flashinfer', flashinfer.__version__, 'sglang', sglang.__version__, 'torch', torch.__version__)" \
-  > "$out/versions.txt" 2>&1
+. benchmarks/logs/gpu_steps.sh
+record_stack ""
 
-step() {  # NAME SECONDS COMMAND...: the step's output in OUT/NAME.log; any SGLang process left is killed after
-  local name=$1 limit=$2; shift 2
-  echo "== $name: start $(date +%T), limit $limit s"
-  timeout -s INT -k 30 "$limit" "$@" > "$out/$name.log" 2>&1
-  local code=$?
-  echo "== $name: exit $code at $(date +%T)"
-  pkill -f "sglang[.]cli[.]main|sglang::" ; sleep 3
-  tail -n 30 "$out/$name.log"
-  return $code
-}
 servers() {  # NAME LIMIT MODEL ARGS...: real_server.py's matrix for one model, page 1, its logs and JSON in OUT
   local name=$1 limit=$2 model=$3; shift 3
   step "$name" "$limit" $py benchmarks/real_server.py --model-path "$models/$model" --dummy --phases matrix --pages 1 \
     --prompts 12 --max-total-tokens 32768 --mem-fraction-static 0.85 --deadline-s $((limit - 90)) \
     --logs "$out/$name-logs" --out "$out/$name.json" "$@"
-}
-stand_in() {
-  cp benchmarks/stand_ins/cutedsl_dual_gemm_sm90.py \
-    "$($py -c 'import sglang, os; print(os.path.dirname(sglang.__file__))')/kernels/ops/gemm/cutedsl_dual_gemm.py"
 }
 for s in $steps; do
   case $s in
