@@ -62,8 +62,8 @@ def chunk_size_error(chunk, align, q_tile, attn_dp_size=1, min_piece=None):
         lower, upper = chunk // q_tile * q_tile, (chunk // q_tile + 1) * q_tile
         return (
             f"Chunked prefill is aligned to {q_tile} tokens (what the attention backend "
-            f"declares: fa2's q-tile grid under deterministic flashinfer, joined with a "
-            f"Mamba2 hybrid's kernel chunks), but each rank's chunked prefill size is "
+            f"declares: fa2's q-tile grid under deterministic flashinfer and, in a Mamba2 "
+            f"hybrid, its scan's chunks), but each rank's chunked prefill size is "
             f"{chunk}{dp_note}, not a multiple of {q_tile}: continuation chunks "
             f"would start off the grid and lose bit-exactness. Use "
             f"--chunked-prefill-size {lower * attn_dp_size} or "

@@ -96,9 +96,10 @@ def deferral(rules, parked, members, start, prompt_len):
     chunked request `parked` this step (requests behind it would take its KV memory), behind any
     member where a kernel chunks the batch's packed tokens (rules.packed_chunk: its chunks would
     start where the members before it end), or because some batch member would run off its solo
-    tile. `members`: (extend_len, kv_len, prompt_len) of the requests admitted before it. Where the backend splits attention by tile class
-    (rules.split_attention), only what splitting cannot fix counts (split_by_tile's off_tile);
-    elsewhere every member must share the batch's one tile.
+    tile. `members`: (extend_len, kv_len, prompt_len) of the requests admitted before it. Where
+    the backend splits attention by tile class (rules.split_attention), only what splitting
+    cannot fix counts (split_by_tile's off_tile); elsewhere every member must share the batch's
+    one tile.
 
     Its extend is not known before admission, but it is at least
     min(remaining, min_tail) tokens; its call's tile only grows with it, and

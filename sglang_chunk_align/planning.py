@@ -10,7 +10,8 @@ ones in force, the default). Counted in packed rows, a known group g relaxes
 each rule g-fold:
 
 - the grid: 128 packed rows are 128/gcd(128, g) tokens, joined with SGLang's
-  KV page; where starts do not matter (0.7.4) it is the page alone;
+  KV page and, in a Mamba2 hybrid, its scan's chunk; where starts do not
+  matter (0.7.4) it is the page (and that chunk) alone;
 - reuse a cached prefix only up to the grid, leaving a piece that gets the
   full tile to compute (a 1-token extend over 2000 cached tokens gets a small
   tile);

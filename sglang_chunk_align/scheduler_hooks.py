@@ -203,10 +203,8 @@ def _rules_for(scheduler, declared, facts):
     page_size = getattr(scheduler, "page_size", None) or 1
     split = env_flag(SPLIT_ATTENTION_ENV, SWITCHES[SPLIT_ATTENTION_ENV]) and all(map(split_attention.serves, declared.fa2))
     geometry = declared.geometry
-    if geometry is None:
-        return Rules(page_size=page_size, facts=facts, split_attention=split, packed_chunk=declared.packed_chunk)
-    return Rules(group=geometry.group, head_dim=geometry.head_dim, page_size=page_size, facts=facts,
-                 split_attention=split, packed_chunk=declared.packed_chunk)
+    shape = {} if geometry is None else {"group": geometry.group, "head_dim": geometry.head_dim}
+    return Rules(**shape, page_size=page_size, facts=facts, split_attention=split, packed_chunk=declared.packed_chunk)
 
 
 def _describe_rules(rules, declared):

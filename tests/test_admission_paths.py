@@ -302,3 +302,14 @@ def test_a_mamba2_hybrid_is_cut_on_its_kernel_chunks_and_continues_alone(plugin)
         adder = new_adder()
         admit_new(adder, new_req(0, 530))
         assert req_extend_end(adder.can_run_list[0]) == 384
+
+
+@pytest.mark.parametrize("chunk, refused", [(128, "at least 256"), (384, "Use --chunked-prefill-size 256 or 512"),
+                                            (256, None), (512, None)])
+def test_a_mamba2_hybrid_refuses_chunks_off_its_kernel_chunks(plugin, chunk, refused):
+    """The scheduler's startup check over the hybrid's declared 256 tokens, as on the H200."""
+    if refused is None:
+        assert standins.scheduler_alignment(mamba2_hybrid, chunk=chunk) == 256
+        return
+    with pytest.raises(ValueError, match=refused):
+        standins.scheduler_alignment(mamba2_hybrid, chunk=chunk)
