@@ -103,8 +103,7 @@ class Probe:
             chunk_indices, chunk_offsets = Mamba2Metadata._query_start_loc_to_chunk_indices_offsets(
                 query_start_loc, SHAPE["chunk"], tokens)
             initial_states = torch.stack(initial)
-        h, p, g = SHAPE["nheads"], SHAPE["headdim"], SHAPE["ngroups"]
-        out = torch.empty(1, tokens, h, p, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(1, tokens, SHAPE["nheads"], SHAPE["headdim"], dtype=torch.bfloat16, device="cuda")
         states = mamba_chunk_scan_combined(
             self.x[pick][None], self.dt[pick][None], self.A, self.B[pick][None], self.C[pick][None],
             chunk_size=SHAPE["chunk"], D=self.D, z=None, dt_bias=self.dt_bias, seq_idx=seq_idx,

@@ -9,8 +9,8 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from sglang_chunk_align.decisions import (
-    ALONE_FOR_PACKED_CHUNKS, OFF_TILE_IN_ITS_CALL, ONE_TILE_PER_BATCH, admission_end, continuation_cut, deferral, ignore_eos_end,
-    riding_slack, short_tail, tile_groups,
+    ALONE_FOR_PACKED_CHUNKS, OFF_TILE_IN_ITS_CALL, ONE_TILE_PER_BATCH, admission_end, continuation_cut, deferral,
+    ignore_eos_end, riding_slack, short_tail, tile_groups,
 )
 from sglang_chunk_align.kernel_facts import FI072, FI074
 from sglang_chunk_align.planning import KEEP, RIDE, WAIT, Rules

@@ -81,43 +81,40 @@ def test_a_port_something_listens_on_is_skipped():
             assert probe.connect_ex(("127.0.0.1", port)) != 0
 
 
-class _FakeServer:
-    """A server that comes up at once and records whether it was stopped: what Run and the matrix
-    do with servers, without starting any."""
-
-    def __init__(self, run, name, chunk, page, env=(), extra=()):
-        self.name, self.url, self.stopped = name, f"http://{name}", False
-        run.started_servers.append(self)
-
-    def wait_ready(self):
-        return True
-
-    def stop(self):
-        self.stopped = True
-
-    def describe(self):
-        return {"name": self.name}
-
-
 def _run_matrix(monkeypatch, tmp_path, *flags):
     """The matrix phase at chunks 128 and 256, one server at a time, with fake servers and a fake
     verify that records what each plugin server was checked against and whether its reference
     was still up then."""
-    checked = []
+    started, checked = [], []
+
+    class FakeServer:
+        """A server that comes up at once and records whether it was stopped."""
+
+        def __init__(self, run, name, chunk, page, env=(), extra=()):
+            self.name, self.url, self.stopped = name, f"http://{name}", False
+            started.append(self)
+
+        def wait_ready(self):
+            return True
+
+        def stop(self):
+            self.stopped = True
+
+        def describe(self):
+            return {"name": self.name}
 
     def fake_verify(run, server, reference, cache, radix, expect_identical=True):
         if reference is not server:
-            up = [s.name for s in run.started_servers if s.name.startswith("reference") and not s.stopped]
+            up = [s.name for s in started if s.name.startswith("reference") and not s.stopped]
             checked.append((server.name, reference and reference.name, cache, up))
         return {"name": server.name, "ok": True}
 
-    monkeypatch.setattr(real_server, "Server", _FakeServer)
+    monkeypatch.setattr(real_server, "Server", FakeServer)
     monkeypatch.setattr(real_server, "verify", fake_verify)
     monkeypatch.setattr(real_server, "_model_config", lambda path: {"model_path": path})
     monkeypatch.setattr(real_server, "stack", lambda: {})
     parser_args = ["--model-path", "m", "--phases", "matrix", "--chunks", "128,256", "--pages", "1", "--radix", "on",
                    "--parallel", "1", "--logs", str(tmp_path), "--out", str(tmp_path / "out.json"), *flags]
-    monkeypatch.setattr(real_server.Run, "started_servers", [], raising=False)
     assert real_server.main(parser_args) == 0
     return checked
 
