@@ -52,7 +52,7 @@ for s in $steps; do
       fi;;
     probe) step probe-mamba2 150 $py benchmarks/probe_mamba2_batching.py --out "$out/probe_mamba2.json";;
     moe) stand_in; servers qwen3-30b-a3b ${MOE_LIMIT:-420} qwen3-30b-a3b --chunks 256 --radix on --parallel 1 --one-model-at-a-time;;
-    llama) stand_in; servers llama-3.1-8b 330 llama-3.1-8b --chunks 128,256 --radix on --parallel 2;;
+    llama) stand_in; servers llama-3.1-8b 390 llama-3.1-8b --chunks 128,256 --radix on --parallel 2;;
   esac
 done
 echo "== all steps ended $(date +%T)"
