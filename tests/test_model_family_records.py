@@ -1,16 +1,19 @@
 """Issue 34's H200 records (benchmarks/logs/model_families_h200/) against what README.md and
-benchmarks/README.md say of them, figure for figure: Qwen3-8B, the Mamba2 kernel probe, the Mamba2
-hybrids' servers, and the MoE's reference."""
+benchmarks/README.md say of them, figure for figure: Qwen3-8B and Llama-3.1-8B, the MoE, the Mamba2
+kernel probe, and the Mamba2 hybrids' servers."""
 
 import json
 import pathlib
 import tarfile
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "benchmarks" / "logs" / "model_families_h200"
 README = " ".join((ROOT / "README.md").read_text().split())
 BENCH_README = " ".join((ROOT / "benchmarks" / "README.md").read_text().split())
 MAMBA_LINE = "256-token linear-attention kernel chunks: one request per prefill batch"
+CALL_OF_ARCHIVE = {"call1": "m34", "call2": "m34b", "call3": "m34c"}
 
 
 def servers(path):
@@ -24,14 +27,40 @@ def identical(server):
             sum(p["cached_tokens_total"] for p in passes))
 
 
-def test_qwen3_8b_was_identical_per_server_with_radix_hits():
-    recorded = servers("call1/qwen3-8b.json")
+def new_requests_per_prefill_batch(call, model):
+    """Each server's log in the call's logs.tgz: the new requests of every prefill batch it ran."""
+    folder = f"{CALL_OF_ARCHIVE[call]}/{model}-logs/"
+    with tarfile.open(RECORDS / call / "logs.tgz") as archive:
+        logs = {pathlib.Path(m.name).name: archive.extractfile(m).read().decode()
+                for m in archive.getmembers() if m.name.startswith(folder) and m.isfile()}
+    return {name: [int(line.split("#new-seq: ")[1].split(",")[0]) for line in log.splitlines()
+                   if "Prefill batch" in line] for name, log in logs.items() if name.endswith(".log")}
+
+
+@pytest.mark.parametrize("path, row", [
+    ("call1/qwen3-8b.json", "| Qwen3 (dense) | Qwen3-8B: GQA 4, head_dim 128 | 128, 256 | on | 72 of 72 identical per server, with radix hits | `logs/model_families_h200/call1` |"),
+    ("call3/llama-3.1-8b.json", "| Llama-3.1 (dense) | Llama-3.1-8B: GQA 4, head_dim 128 | 128, 256 | on | 72 of 72 identical per server, with radix hits | `logs/model_families_h200/call3` |"),
+])
+def test_the_dense_families_were_identical_per_server_with_radix_hits(path, row):
+    recorded = servers(path)
     for chunk in (128, 256):
         server = recorded[f"plugin-chunk{chunk}-page1-radixon"]
         same, requests, cached = identical(server)
         assert server["ok"] and same == requests == 72 and cached > 0
         assert "grid rules on: 32-token grid" in server["plugin_lines"][0]
-    assert "| Qwen3 (dense) | Qwen3-8B: GQA 4, head_dim 128 | 128, 256 | on | 72 of 72 identical per server" in README
+    assert row in README
+
+
+def test_the_moe_was_identical_against_its_recorded_reference_with_radix_hits():
+    recorded = servers("call3/qwen3-30b-a3b.json")
+    reference, server = recorded["reference-page1"], recorded["plugin-chunk256-page1-radixon"]
+    assert reference["ok"] and identical(reference)[:2] == (72, 72)
+    same, requests, cached = identical(server)
+    assert server["ok"] and same == requests == 72 and cached == 27520
+    assert "--recorded" in server["verify_command"]  # one model on the GPU at a time
+    assert "grid rules on: 16-token grid, pieces over 8 tokens (GQA group 8" in server["plugin_lines"][0]
+    assert "| 256 | on | 72 of 72 identical, with radix hits | `logs/model_families_h200/call3` |" in README
+    assert "the plugin at chunk 256, radix on, checked against them: 72 of 72 identical" in BENCH_README
 
 
 def test_the_mamba2_probe_is_what_both_readmes_say():
@@ -47,8 +76,12 @@ def test_the_mamba2_probe_is_what_both_readmes_say():
     assert "identical to its solo scan in 0 of 9 cases, and in 9 of 9 after one ending on a kernel chunk" in README
 
 
-def test_the_granite_4_h_servers_were_exact_one_request_a_prefill_batch_and_refused_128():
-    recorded = servers("call2/granite-4.0-h-micro.json")
+@pytest.mark.parametrize("served, refused, name", [
+    ("call2/granite-4.0-h-micro.json", "call2/granite-4.0-h-micro.json", "Granite-4.0-H-Micro"),
+    ("call3/nemotron-h-8b.json", "call1/nemotron-h-8b.json", "Nemotron-H-8B"),
+])
+def test_the_hybrids_were_exact_one_request_a_prefill_batch_and_refused_128(served, refused, name):
+    recorded = servers(served)
     for chunk in (256, 512):
         server = recorded[f"plugin-chunk{chunk}-page1-radixdefault"]
         same, requests, cached = identical(server)
@@ -56,29 +89,29 @@ def test_the_granite_4_h_servers_were_exact_one_request_a_prefill_batch_and_refu
         line = server["plugin_lines"][0]
         assert MAMBA_LINE in line and "radix cache off, as stock (a mamba prefix cache" in line
         assert "SGLANG_CHUNK_ALIGN_RADIX_CACHE" not in server["env"]
-    refused = recorded["plugin-chunk128-page1-radixdefault"]
-    assert not refused["ok"] and "Raise --chunked-prefill-size to at least 256" in refused["error"]
-    assert "72 of 72 identical per server, one request per prefill batch" in README
+    refusal = servers(refused)["plugin-chunk128-page1-radixdefault"]
+    assert not refusal["ok"] and "Raise --chunked-prefill-size to at least 256" in refusal["error"]
+    assert MAMBA_LINE in refusal["plugin_lines"][0]
+    row = next(line for line in (ROOT / "README.md").read_text().splitlines() if f"| hybrid, Mamba2 | {name}" in line)
+    assert "| 256, 512; 128 refused at startup |" in row and "72 of 72 identical per server, one request per prefill batch" in row
 
 
-def test_the_plugin_never_batched_two_prefills_where_stock_did():
-    """The servers' own logs (logs.tgz): stock's reference co-batched prefills, the plugin never."""
-    with tarfile.open(RECORDS / "call2/logs.tgz") as archive:
-        logs = {pathlib.Path(m.name).name: archive.extractfile(m).read().decode()
-                for m in archive.getmembers() if m.name.startswith("m34b/granite-4.0-h-micro-logs/") and m.isfile()}
-    most = {name: max((int(line.split("#new-seq: ")[1].split(",")[0]) for line in log.splitlines()
-                       if "Prefill batch" in line), default=0) for name, log in logs.items()}
-    assert most["reference-page1.log"] == 7
-    assert most["plugin-chunk256-page1-radixdefault.log"] == most["plugin-chunk512-page1-radixdefault.log"] == 1
-    assert most["plugin-chunk128-page1-radixdefault.log"] == 0  # refused at startup
-    assert "the plugin's servers every one of theirs (378 and 216) with one" in BENCH_README
+@pytest.mark.parametrize("call, model, batches", [
+    ("call2", "granite-4.0-h-micro", (378, 216)), ("call3", "nemotron-h-8b", (366, 208)),
+])
+def test_the_plugin_never_batched_two_prefills_where_stock_did(call, model, batches):
+    """The servers' own logs: stock's reference co-batched prefills, the plugin's servers never."""
+    logs = new_requests_per_prefill_batch(call, model)
+    reference = logs["reference-page1.log"]
+    assert max(reference) == 7 and sum(n > 1 for n in reference) == 8 and len(reference) == 90
+    plugin = [logs[f"plugin-chunk{chunk}-page1-radixdefault.log"] for chunk in (256, 512)]
+    assert [max(counts) for counts in plugin] == [1, 1] and tuple(map(len, plugin)) == batches
+    assert ("ran 8 of its 90 prefill batches with several new requests (up to 7), the plugin's servers every one"
+            f" of theirs ({batches[0]} and {batches[1]}) with one") in BENCH_README
 
 
-def test_nemotron_h_and_the_moe_started_and_their_references_matched_themselves():
-    for path in ("call1/nemotron-h-8b.json", "call2/nemotron-h-8b.json", "call2/qwen3-30b-a3b.json"):
+def test_every_reference_matched_itself():
+    for path in ("call1/nemotron-h-8b.json", "call2/nemotron-h-8b.json", "call3/nemotron-h-8b.json",
+                 "call2/qwen3-30b-a3b.json", "call3/llama-3.1-8b.json"):
         reference = servers(path)["reference-page1"]
         assert reference["ok"] and identical(reference)[:2] == (72, 72), path
-    refused = servers("call1/nemotron-h-8b.json")["plugin-chunk128-page1-radixdefault"]
-    assert "Raise --chunked-prefill-size to at least 256" in refused["error"] and MAMBA_LINE in refused["plugin_lines"][0]
-    assert not any(name.startswith("plugin") for name in servers("call2/qwen3-30b-a3b.json"))
-    assert "its stock reference identical to itself, 72 of 72; the plugin not run (device time)" in README
