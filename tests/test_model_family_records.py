@@ -112,6 +112,6 @@ def test_the_plugin_never_batched_two_prefills_where_stock_did(call, model, batc
 
 def test_every_reference_matched_itself():
     for path in ("call1/nemotron-h-8b.json", "call2/nemotron-h-8b.json", "call3/nemotron-h-8b.json",
-                 "call2/qwen3-30b-a3b.json", "call3/llama-3.1-8b.json"):
+                 "call2/qwen3-30b-a3b.json", "call1/qwen3-8b.json", "call3/llama-3.1-8b.json"):
         reference = servers(path)["reference-page1"]
         assert reference["ok"] and identical(reference)[:2] == (72, 72), path
