@@ -10,10 +10,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "benchmarks" / "logs" / "model_families_h200"
-README = " ".join((ROOT / "README.md").read_text().split())
+README_LINES = (ROOT / "README.md").read_text().splitlines()
+README = " ".join(" ".join(README_LINES).split())
 BENCH_README = " ".join((ROOT / "benchmarks" / "README.md").read_text().split())
 MAMBA_LINE = "256-token linear-attention kernel chunks: one request per prefill batch"
-CALL_OF_ARCHIVE = {"call1": "m34", "call2": "m34b", "call3": "m34c"}
 
 
 def servers(path):
@@ -29,12 +29,12 @@ def identical(server):
 
 def new_requests_per_prefill_batch(call, model):
     """Each server's log in the call's logs.tgz: the new requests of every prefill batch it ran."""
-    folder = f"{CALL_OF_ARCHIVE[call]}/{model}-logs/"
-    with tarfile.open(RECORDS / call / "logs.tgz") as archive:
-        logs = {pathlib.Path(m.name).name: archive.extractfile(m).read().decode()
-                for m in archive.getmembers() if m.name.startswith(folder) and m.isfile()}
+    with tarfile.open(RECORDS / call / "logs.tgz") as archive:  # RUN/MODEL-logs/SERVER.log
+        logs = {path.name: archive.extractfile(m).read().decode() for m in archive.getmembers()
+                if m.isfile() and (path := pathlib.PurePath(m.name)).parent.name == f"{model}-logs"
+                and path.suffix == ".log"}
     return {name: [int(line.split("#new-seq: ")[1].split(",")[0]) for line in log.splitlines()
-                   if "Prefill batch" in line] for name, log in logs.items() if name.endswith(".log")}
+                   if "Prefill batch" in line] for name, log in logs.items()}
 
 
 @pytest.mark.parametrize("path, row", [
@@ -53,8 +53,7 @@ def test_the_dense_families_were_identical_per_server_with_radix_hits(path, row)
 
 def test_the_moe_was_identical_against_its_recorded_reference_with_radix_hits():
     recorded = servers("call3/qwen3-30b-a3b.json")
-    reference, server = recorded["reference-page1"], recorded["plugin-chunk256-page1-radixon"]
-    assert reference["ok"] and identical(reference)[:2] == (72, 72)
+    server = recorded["plugin-chunk256-page1-radixon"]
     same, requests, cached = identical(server)
     assert server["ok"] and same == requests == 72 and cached == 27520
     assert "--recorded" in server["verify_command"]  # one model on the GPU at a time
@@ -92,7 +91,7 @@ def test_the_hybrids_were_exact_one_request_a_prefill_batch_and_refused_128(serv
     refusal = servers(refused)["plugin-chunk128-page1-radixdefault"]
     assert not refusal["ok"] and "Raise --chunked-prefill-size to at least 256" in refusal["error"]
     assert MAMBA_LINE in refusal["plugin_lines"][0]
-    row = next(line for line in (ROOT / "README.md").read_text().splitlines() if f"| hybrid, Mamba2 | {name}" in line)
+    row = next(line for line in README_LINES if f"| hybrid, Mamba2 | {name}" in line)
     assert "| 256, 512; 128 refused at startup |" in row and "72 of 72 identical per server, one request per prefill batch" in row
 
 
@@ -112,6 +111,7 @@ def test_the_plugin_never_batched_two_prefills_where_stock_did(call, model, batc
 
 def test_every_reference_matched_itself():
     for path in ("call1/nemotron-h-8b.json", "call2/nemotron-h-8b.json", "call3/nemotron-h-8b.json",
-                 "call2/qwen3-30b-a3b.json", "call1/qwen3-8b.json", "call3/llama-3.1-8b.json"):
+                 "call2/qwen3-30b-a3b.json", "call3/qwen3-30b-a3b.json", "call1/qwen3-8b.json",
+                 "call3/llama-3.1-8b.json"):
         reference = servers(path)["reference-page1"]
         assert reference["ok"] and identical(reference)[:2] == (72, 72), path
