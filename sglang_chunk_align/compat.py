@@ -26,6 +26,9 @@ DECODE_WAIT_ENV = "SGLANG_CHUNK_ALIGN_DECODE_WAIT"
 # Set to 0 to run every prefill batch as one fa2 call, requests waiting to keep it on one tile, as
 # before split attention (split_attention.py); unset or 1 splits a batch by tile class.
 SPLIT_ATTENTION_ENV = "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION"
+# Set to 0 to keep stock's eager decode plan, which splits a request's KV at 2048 where its CUDA graphs do
+# not (unsplit_decode.py); unset or 1 plans eager decode as the graphs do.
+UNSPLIT_DECODE_ENV = "SGLANG_CHUNK_ALIGN_UNSPLIT_DECODE"
 # Where the grid rules run but do not reach radix hits and the tree (scheduler start, doctor).
 RADIX_OPT_IN_NEEDS = (
     f"{RADIX_CACHE_ENV}=1 needs SGLang {releases.RADIX_OPT_IN} or newer, where the grid rules reach "
@@ -35,7 +38,8 @@ RADIX_OPT_IN_NEEDS = (
 MAMBA_NEEDS = "a prefix rounded to the grid would need a mamba state there"
 # The environment switches and their defaults (README, "Switches"); None: unset is a third value.
 SWITCHES = {
-    RULES_ENV: True, RADIX_CACHE_ENV: None, DECODE_WAIT_ENV: False, SPLIT_ATTENTION_ENV: True, ALLOW_UNTESTED_ENV: False,
+    RULES_ENV: True, RADIX_CACHE_ENV: None, DECODE_WAIT_ENV: False, SPLIT_ATTENTION_ENV: True, UNSPLIT_DECODE_ENV: True,
+    ALLOW_UNTESTED_ENV: False,
 }
 
 

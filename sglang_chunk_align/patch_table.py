@@ -12,7 +12,7 @@ wrapped function's row also holds what its wrapper relies on there
 tests/test_release_wheels.py checks in every release's source.
 """
 
-from . import backends, decode_wait, prefill_hooks, releases, scheduler_hooks, split_attention
+from . import backends, decode_wait, prefill_hooks, releases, scheduler_hooks, split_attention, unsplit_decode
 from .patches import ALL_RELEASES, Declare, Wrap
 
 _ATTN = "sglang.srt.layers.attention."
@@ -95,6 +95,11 @@ PATCH_POINTS = (
     Wrap(_SCHEDULER, "Scheduler._should_defer_prefill", decode_wait.bound_decode_wait,
          "stock runs every queued prefill chunk before decode: decoding requests wait behind all of them",
          f">={releases.DECODE_WAIT}", signature="self, running_batch"),
+    Wrap(_ATTN + "flashinfer_backend", "FlashInferIndicesUpdaterDecode.call_begin_forward", unsplit_decode.plan_as_graph,
+         "deterministic decode splits a request's KV at 2048 when eager (a batch over the CUDA graphs' sizes) and "
+         "not in a graph: past 2048 tokens its bits would depend on the batch",
+         signature="self, wrapper, ..., *, fixed_split_size, disable_split_kv",
+         calls=(("wrapper.begin_forward", "fixed_split_size"), ("wrapper.begin_forward", "disable_split_kv"))),
     Wrap("sglang.srt.entrypoints.engine", "Engine._launch_subprocesses", scheduler_hooks.refuse_ray_schedulers,
          "Ray scheduler actors never load plugins: refuse deterministic flashinfer there, never run stock",
          signature="cls, server_args, ..."),
@@ -180,7 +185,8 @@ def failure_guard(error):
 
 
 def reset():
-    """Forget what the scheduler hooks activated, the rules and the decode wait: stock SGLang has
-    neither (patches.remove())."""
+    """Forget what the scheduler hooks activated, the rules, the decode wait and the unsplit decode
+    plan: stock SGLang has none of them (patches.remove())."""
     prefill_hooks.activate(None)
     decode_wait.activate(None)
+    unsplit_decode.activate(False)

@@ -12,12 +12,12 @@ signature; patch_table.py says where each one goes.
 import logging
 import sys
 
-from . import decode_wait, prefill_hooks, releases, split_attention
+from . import decode_wait, prefill_hooks, releases, split_attention, unsplit_decode
 from .alignment import chunk_size_error
 from .backends import NOTHING, facts_needed, planned_prefill
 from .compat import (
-    DECODE_WAIT_ENV, RULES_ENV, SPLIT_ATTENTION_ENV, SWITCHES, check_switches, env_flag, installed_version, radix_cache,
-    sglang_at_least,
+    DECODE_WAIT_ENV, RULES_ENV, SPLIT_ATTENTION_ENV, SWITCHES, UNSPLIT_DECODE_ENV, check_switches, env_flag,
+    installed_version, radix_cache, sglang_at_least,
 )
 from .planning import Rules
 
@@ -75,7 +75,7 @@ class Startup:
     """
 
     __slots__ = ("backend", "declared", "facts", "rules", "rules_available", "radix", "radix_refusal", "decode_wait",
-                 "decode_wait_note")
+                 "decode_wait_note", "unsplit_decode")
 
     def __init__(self, backend, declared, facts, rules_available):
         self.backend = backend  # the live attention backend, or None on a bare Scheduler
@@ -88,6 +88,7 @@ class Startup:
         self.radix_refusal = None  # why it must not start so (SGLANG_CHUNK_ALIGN_RADIX_CACHE=1), or None
         self.decode_wait = None  # the decode_wait.DecodeWait to activate, or None
         self.decode_wait_note = None  # what the startup line says of it
+        self.unsplit_decode = False  # whether eager decode is planned as the CUDA graphs plan it (unsplit_decode.py)
 
     @property
     def q_tile(self):
@@ -113,6 +114,7 @@ def _arm(scheduler, rules_available):
             _turn_mixed_chunks_off(scheduler)
     prefill_hooks.activate(startup.rules)
     decode_wait.activate(startup.decode_wait)
+    unsplit_decode.activate(startup.unsplit_decode)
     return startup
 
 
@@ -127,6 +129,7 @@ def _decide(scheduler, rules_available):
         startup.rules = _rules_for(scheduler, declared, facts)
     startup.radix, startup.radix_refusal = _radix_cache(scheduler)
     startup.decode_wait, startup.decode_wait_note = _decode_wait(scheduler)
+    startup.unsplit_decode = env_flag(UNSPLIT_DECODE_ENV, SWITCHES[UNSPLIT_DECODE_ENV])
     return startup
 
 
@@ -150,13 +153,21 @@ def _log(startup, align):
     if startup.backend is None:
         return
     logger.info(
-        "sglang-chunk-align: prefill chunks aligned to %s (%s.prefill_chunk_align = %s); grid rules %s%s%s",
+        "sglang-chunk-align: prefill chunks aligned to %s (%s.prefill_chunk_align = %s); grid rules %s%s%s%s",
         f"{align} tokens" if align else "nothing", type(startup.backend).__name__, startup.q_tile,
         _describe_rules(startup.rules, startup.declared) if startup.rules else "off" if startup.rules_available
         else "not available on this SGLang release",
         f"; radix cache {startup.radix}" if startup.radix else "",
         f"; {startup.decode_wait_note}" if startup.decode_wait_note else "",
+        f"; {_unsplit_decode_note(startup.unsplit_decode)}" if startup.armed else "",
     )
+
+
+def _unsplit_decode_note(unsplit):
+    if unsplit:
+        return "eager decode planned as in CUDA graphs (no KV split: the same bits at every decode batch size)"
+    return (f"eager decode splits the KV at 2048 as stock does ({UNSPLIT_DECODE_ENV}=0): a request decoding in a "
+            "batch over the CUDA graphs' sizes gets other bits past 2048 tokens")
 
 
 def _refuse(scheduler, startup):
