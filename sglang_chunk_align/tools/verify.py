@@ -15,13 +15,16 @@ pays for it.
 Workloads (deterministic per --seed; --prompts requests each):
 
 - mixed: prompts of 1-32 tokens, at and one token around multiples of the
-  128-token q-tile grid, long ones (2049-4608 tokens, several chunks at every
+  128-token q-tile grid, long ones (2049-4104 tokens, several chunks at every
   chunk size), and prompts sharing a long prefix (1000-2500 tokens) so that
-  radix hits land off the grid;
+  radix hits land off the grid; the long and the prefixed prompts are 1024k
+  plus 1-8 tokens, so at chunks of 128-1024 their last piece is a few tokens
+  over thousands of KV, which fa2 runs on a smaller tile unless the grid
+  rules keep it from running so (SHORT_END);
 - chat: conversations of up to 4 turns after a shared system prompt; each
   turn's prompt is the previous turn's prompt, its output and new user text,
   so later turns hit the radix cache;
-- tiles: a long prompt (300-1500 tokens), then two short ones of the small fa2
+- tiles: a long prompt (1025-2056 tokens, a short last piece), then two short ones of the small fa2
   tile classes (1-2, 3-8, 9-16, 17-32, 33-64 tokens), in turn: in the
   concurrent pass a long prompt's pieces share prefill batches with short
   prompts, which the plugin's split attention runs as one fa2 call per tile
@@ -316,8 +319,23 @@ class Turn:
     shared: "int | None" = 0
 
 
+# Prompts of SHORT_END_BLOCK * k + r tokens, r in SHORT_END: at every chunk size dividing the block (128,
+# 256, 512, 1024), such a prompt's last piece is r tokens over thousands of KV. fa2 runs a piece of at most
+# 64 packed rows (8 tokens at GQA 8) on a smaller q tile than the whole prompt gets alone, which changes
+# its bits: the grid rules never let such a piece run alone, and where they are off (the exactness
+# records' control, SGLANG_CHUNK_ALIGN_RULES=0) these requests differ.
+SHORT_END_BLOCK = 1024
+SHORT_END = (1, 8)
+
+
+def short_end(rng, blocks):
+    """A prompt length of `blocks` (low, high) SHORT_END_BLOCKs and a short last piece."""
+    return SHORT_END_BLOCK * rng.randint(*blocks) + rng.randint(*SHORT_END)
+
+
 def mixed_workload(rng, count, prompts):
-    """Single-turn prompts, a quarter each short, around the grid, long, and on a shared prefix."""
+    """Single-turn prompts, a quarter each short, around the grid, long, and on a shared prefix; the
+    long ones, and the prefixed ones as wholes, end in a short last piece (short_end)."""
     prefixes = [prompts.units(rng, rng.randint(1000, 2500)) for _ in range(max(1, count // 16))]  # 4 prompts each
     conversations = []
     for i in range(count):
@@ -327,10 +345,11 @@ def mixed_workload(rng, count, prompts):
         elif kind == 1:
             turn = Turn(prompts.units(rng, PREFILL_Q_TILE_TOKENS * rng.randint(1, 24) + rng.choice((-1, 0, 1))))
         elif kind == 2:
-            turn = Turn(prompts.units(rng, rng.randint(2049, 4608)))
+            turn = Turn(prompts.units(rng, short_end(rng, (2, 4))))
         else:
             prefix = prefixes[(i // 4) % len(prefixes)]
-            turn = Turn(prefix + prompts.units(rng, rng.randint(1, 512)), len(prefix))
+            suffix = (short_end(rng, (3, 3)) - len(prefix)) % SHORT_END_BLOCK or SHORT_END_BLOCK
+            turn = Turn(prefix + prompts.units(rng, suffix), len(prefix))
         conversations.append([turn])
     rng.shuffle(conversations)
     return conversations
@@ -352,11 +371,12 @@ SHORT_TILE_CLASSES = ((1, 2), (3, 8), (9, 16), (17, 32), (33, 64))
 
 
 def tiles_workload(rng, count, prompts):
-    """Single-turn prompts, a long one and two short ones in turn (see the module's docstring)."""
+    """Single-turn prompts, a long one (ending in a short last piece, short_end) and two short ones in
+    turn (see the module's docstring)."""
     conversations = []
     for i in range(count):
-        low, high = (300, 1500) if i % 3 == 0 else rng.choice(SHORT_TILE_CLASSES)
-        conversations.append([Turn(prompts.units(rng, rng.randint(low, high)))])
+        length = short_end(rng, (1, 2)) if i % 3 == 0 else rng.randint(*rng.choice(SHORT_TILE_CLASSES))
+        conversations.append([Turn(prompts.units(rng, length))])
     return conversations
 
 
