@@ -7,11 +7,14 @@ servers (`sglang serve`, or `python -m sglang.launch_server` on releases
 without it) with SGLANG_PLUGINS=chunk_align, so what runs is SGLang's own
 forward path: load_plugins() in every process, the live FlashInferAttnBackend,
 CUDA graphs for decode, the overlap scheduler and the radix tree. Run it on
-your own model, or on dummy weights from a folder holding only a model's
-config.json (benchmarks/models/):
+your own model, or on weights made for a folder holding only a model's
+config.json (benchmarks/models/): `--weights random` writes a well-scaled
+random checkpoint for it (benchmarks/random_checkpoint.py), where a last-bit
+difference in attention shows in the logprobs; `--weights dummy` serves
+SGLang's dummy weights (uniform in ±1e-3, norms included), which hide most:
 
     python benchmarks/real_server.py --model-path Qwen/Qwen3-8B --out real_server.json
-    python benchmarks/real_server.py --model-path benchmarks/models/granite-3.1-8b --dummy --out real_server.json
+    python benchmarks/real_server.py --model-path benchmarks/models/qwen2.5-7b --weights random --out real_server.json
 
 (SGLang 0.5.23 builds Qwen3's and Llama's MLP with the CuTe DSL installed:
 benchmarks/models/qwen3-8b needs nvidia-cutlass-dsl, as a normal install has.)
@@ -29,8 +32,20 @@ Phases (--phases, all by default):
   --recorded): for a model the GPU cannot hold twice;
 - refusals: the plugin refusing chunks 100 and 200 at startup, and stock
   SGLang (no plugin) refusing 256;
-- rules-off: in the matrix, SGLANG_CHUNK_ALIGN_RULES=0 (upstream's length
-  alignment alone) at chunk 256, checked the same way and reported as it is.
+- rules-off: in the matrix, the control: SGLANG_CHUNK_ALIGN_RULES=0
+  (upstream's length alignment alone) at every chunk of --chunks, checked the
+  same way; it must be found inexact. Each plugin server's verdict (the
+  JSON's "verdicts") is "exact" only where the control at its chunk failed
+  requests in the same run, and "could not see" where the control passed: a
+  check that passes its control proves little;
+- large-batch: decode batches larger than the CUDA graphs' (issue 46's
+  eager-decode hole): --large-batch-requests prompts of about 3,000 tokens,
+  each sent alone and then all at once, to the plugin with a decode graph of
+  8 (the batch outgrows it), to the same without the unsplit decode plan
+  (SGLANG_CHUNK_ALIGN_UNSPLIT_DECODE=0, the control, which must differ), and
+  to the plugin with --disable-cuda-graph; every request's generated tokens
+  and their logprobs compared with its answer alone, and the all-at-once
+  pass's output tokens per second.
 
 What serving costs, side by side with the alternatives, is benchmarks/serving.py's.
 
@@ -43,6 +58,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import re
 import signal
 import socket
@@ -53,7 +69,10 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+
+from benchmarks import random_checkpoint
 from sglang_chunk_align.compat import installed_release
+from sglang_chunk_align.tools import verify as verify_tool
 
 READY_TIMEOUT_S = 420
 # SGLang loads every installed plugin while SGLANG_PLUGINS is unset: stock SGLang names none of them.
@@ -71,7 +90,7 @@ REFUSALS = (
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", required=True)
-    parser.add_argument("--dummy", action="store_true", help="--load-format dummy --skip-tokenizer-init (config.json only)")
+    random_checkpoint.add_arguments(parser)
     parser.add_argument("--phases", default="matrix,refusals,rules-off")
     parser.add_argument("--chunks", default="128,256,1024")
     parser.add_argument("--pages", default="1,16")
@@ -85,6 +104,8 @@ def main(argv=None):
                         help="per server; SGLang 0.5.23 counts the memory other servers hold against it")
     parser.add_argument("--max-total-tokens", type=int, default=65536,
                         help="each server's KV pool, fixed so that servers sharing the GPU leave each other room")
+    parser.add_argument("--large-batch-requests", type=int, default=64, help="large-batch: prompts sent at once")
+    parser.add_argument("--large-batch-new-tokens", type=int, default=64, help="large-batch: tokens each generates")
     parser.add_argument("--port", type=int, default=31000, help="first port; each server takes the next")
     parser.add_argument("--deadline-s", type=float, default=3600, help="start no new server after this many seconds")
     parser.add_argument("--logs", default=None, help="folder for server logs (default: a temporary one)")
@@ -112,7 +133,11 @@ class Run:
         self.logs = args.logs or tempfile.mkdtemp(prefix="real_server_")
         os.makedirs(self.logs, exist_ok=True)
         self.config = _model_config(args.model_path)
-        self.results = {"stack": stack(), "model": self.config, "servers": []}
+        self.model_path, self.weight_args, weights = random_checkpoint.server_weights(
+            args.model_path, args.weights, args.checkpoints, args.weights_seed)
+        self.input_ids = random_checkpoint.needs_input_ids(args.weights)
+        self.results = {"stack": stack(), "model": self.config, "weights": weights, "servers": [], "verdicts": [],
+                        "large_batch": []}
         self.lock = threading.Lock()
         self.references = {}  # page size -> (reference Server, its baseline cache file)
 
@@ -158,13 +183,15 @@ class Run:
             self.save()
 
     def save(self):
+        self.results["verdicts"] = verdicts(self.results["servers"])
         with open(self.args.out + ".tmp", "w") as file:
             json.dump(self.results, file, indent=1)
         os.replace(self.args.out + ".tmp", self.args.out)
 
     def summary(self):
         rows = [_row(entry) for entry in self.results["servers"]]
-        return {"stack": self.results["stack"], "servers": rows}
+        return {"stack": self.results["stack"], "weights": self.results["weights"], "servers": rows,
+                "verdicts": self.results["verdicts"], "large_batch": [_large_batch_row(e) for e in self.results["large_batch"]]}
 
     def all_identical(self):
         return all(e.get("expect_identical") is False or e.get("ok", True) for e in self.results["servers"])
@@ -178,13 +205,13 @@ class Server:
         self.run, self.name, self.port = run, name, run.port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = launcher() + [
-            "--model-path", run.args.model_path, "--host", "127.0.0.1", "--port", str(self.port),
+            "--model-path", run.model_path, "--host", "127.0.0.1", "--port", str(self.port),
             "--attention-backend", backend, *(["--enable-deterministic-inference"] if deterministic else []),
             "--chunked-prefill-size", str(chunk), "--page-size", str(page),
             "--mem-fraction-static", str(run.args.mem_fraction_static),
             "--max-total-tokens", str(max_total_tokens or run.args.max_total_tokens),
-            decode_graph_flag(), str(decode_graph_bs),
-            *(["--load-format", "dummy", "--skip-tokenizer-init"] if run.args.dummy else []),
+            *([decode_graph_flag(), str(decode_graph_bs)] if decode_graph_bs else ["--disable-cuda-graph"]),
+            *run.weight_args,
             *extra, *[a for a in run.args.extra if a != "--"],
         ]
         # The setup's own switches alone: none of the plugin's leaks in from the shell that runs this.
@@ -272,7 +299,7 @@ def verify(run, server, reference, cache, radix, expect_identical=True):
     command = [
         sys.executable, "-m", "sglang_chunk_align.tools.cli", "verify", "--server", server.url, "--json",
         "--prompts", str(run.args.prompts), *against,
-        *(["--input-ids", "--vocab-size", str(run.config["vocab_size"])] if run.args.dummy else []),
+        *(["--input-ids", "--vocab-size", str(run.config["vocab_size"])] if run.input_ids else []),
         *([] if radix else ["--no-radix"]),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
@@ -293,8 +320,8 @@ def phase_matrix(run):
         for radix in run.args.radix.split(",")
         for chunk in (int(c) for c in run.args.chunks.split(","))
     ]
-    if "rules-off" in run.args.phases.split(","):
-        configs.append((256, pages[0], "off", False))
+    if "rules-off" in run.args.phases.split(","):  # the control, at every chunk
+        configs += [(int(chunk), pages[0], "off", False) for chunk in run.args.chunks.split(",")]
     with ThreadPoolExecutor(len(pages)) as pool:  # the references start side by side
         list(pool.map(run.reference, pages))
     for wave in range(0, len(configs), run.args.parallel):
@@ -340,6 +367,121 @@ def phase_refusals(run):
                     "ok": not came_up and bool(said), "said": said[-1:] })
 
 
+# large-batch's setups: (name, the plugin's switches, the decode graphs' largest batch (0: --disable-cuda-graph),
+# whether every request must decode as it did alone).
+LARGE_BATCH_SETUPS = (
+    ("unsplit", {}, 8, True),
+    ("split-control", {"SGLANG_CHUNK_ALIGN_UNSPLIT_DECODE": "0"}, 8, False),
+    ("unsplit-no-graphs", {}, 0, True),
+)
+LARGE_BATCH_PROMPT = (3000, 3555)  # tokens: every request's KV past the 2048 split the eager plan had
+DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+),.*?cuda graph: (True|False), gen throughput \(token/s\): ([0-9.]+)")
+
+
+def phase_large_batch(run, start_server=None):
+    """Issue 46's eager-decode check: every request alone, then all at once, per setup; the servers
+    start one after another and stay up, their alone passes run side by side, their all-at-once
+    passes one after another (so each one's tokens per second is its own). `start_server`: what
+    starts one (Server's signature; the tests' fake SGLang answers on CPU)."""
+    rng = random.Random(f"large-batch:{run.args.large_batch_requests}")
+    ids = verify_tool.TokenIds(run.config.get("vocab_size") or 32000)
+    prompts = [ids.units(rng, rng.randint(*LARGE_BATCH_PROMPT)) for _ in range(run.args.large_batch_requests)]
+    room = run.args.large_batch_requests * (LARGE_BATCH_PROMPT[1] + run.args.large_batch_new_tokens) + 4096
+    setups = []
+    for name, switches, graph_bs, expect in LARGE_BATCH_SETUPS:
+        if run.time_left() < 180:
+            run.record({"name": f"large-batch-{name}", "skipped": "deadline"}, "large_batch")
+            continue
+        server = (start_server or Server)(run, f"large-batch-{name}", 256, 1, {"SGLANG_PLUGINS": "chunk_align", **switches},
+                        extra=["--decode-log-interval", "4"], decode_graph_bs=graph_bs, max_total_tokens=room)
+        if server.wait_ready():
+            setups.append((server, graph_bs, expect))
+        else:
+            run.record({**server.describe(), "ok": False, "error": server.log()[-3000:]}, "large_batch")
+            server.stop()
+    try:
+        with ThreadPoolExecutor(max(1, len(setups))) as pool:
+            alone = list(pool.map(lambda setup: _one_at_a_time(run, setup[0], prompts), setups))
+        graphs_alone = next((a for a, (_, bs, _) in zip(alone, setups) if bs), None)
+        for (server, graph_bs, expect), answers in zip(setups, alone):
+            run.record(_all_at_once(run, server, prompts, answers, graph_bs, expect, graphs_alone), "large_batch")
+    finally:
+        for server, _, _ in setups:
+            server.stop()
+
+
+def _generate(run, client, prompt):
+    """One greedy request's answer: its generated tokens and their logprobs (the prompt's last one's too)."""
+    request = verify_tool.Request(prompt, len(prompt) - 1)
+    return client.generate("input_ids", request, run.args.large_batch_new_tokens)
+
+
+def _one_at_a_time(run, server, prompts):
+    client = verify_tool.Server(server.url, verify_tool.TIMEOUT_S)
+    client.flush()
+    return [_generate(run, client, prompt) for prompt in prompts]
+
+
+def _all_at_once(run, server, prompts, alone, graph_bs, expect, graphs_alone):
+    """The all-at-once pass of one setup, compared request by request with its answers alone."""
+    client = verify_tool.Server(server.url, verify_tool.TIMEOUT_S)
+    client.flush()
+    log_start = len(server.log())
+    started = time.monotonic()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(lambda prompt: _generate(run, client, prompt), prompts))
+    seconds = time.monotonic() - started
+    decode = [(int(n), graph == "True", float(tps)) for n, graph, tps in DECODE_LINE.findall(server.log()[log_start:])]
+    eager = [tps for n, graph, tps in decode if not graph and n > max(graph_bs, 1)]
+    same = [verify_tool.first_difference(a, t) is None for a, t in zip(alone, together)]
+    entry = {
+        **server.describe(), "decode_graph_max_bs": graph_bs or None, "expect_identical": expect,
+        "requests": len(prompts), "identical": sum(same), "ok": all(same) if expect else not all(same),
+        "differing": [i for i, s in enumerate(same) if not s],
+        "first_differences": [verify_tool.first_difference(a, t) for a, t in zip(alone, together)],
+        "seconds_all_at_once": round(seconds, 2),
+        "output_tokens_per_s": round(sum(len(t.output) for t in together) / seconds, 1),
+        "eager_decode_steps_logged": len(eager), "largest_decode_batch": max((n for n, _, _ in decode), default=0),
+        "eager_gen_throughput_median": _percentile(sorted(eager), 50) if eager else None,
+        "prompt_tokens": [len(p) for p in prompts],
+    }
+    if graphs_alone is not None and graph_bs == 0:  # eager alone against the graphs' server alone
+        entry["alone_identical_to_graphs"] = sum(verify_tool.first_difference(a, g) is None
+                                                 for a, g in zip(alone, graphs_alone))
+    return entry
+
+
+def _large_batch_row(entry):
+    keys = ("name", "ok", "expect_identical", "identical", "requests", "decode_graph_max_bs", "largest_decode_batch",
+            "eager_decode_steps_logged", "eager_gen_throughput_median", "output_tokens_per_s", "alone_identical_to_graphs",
+            "skipped")
+    return {k: entry[k] for k in keys if k in entry}
+
+
+def failed_fraction(entry):
+    """The fraction of a verify report's requests, over every workload and pass, that were not identical."""
+    passes = [p for w in (entry.get("verify") or {}).get("workloads", {}).values() for p in w["passes"].values()]
+    total = sum(p["requests"] for p in passes)
+    return (total - sum(p["identical"] for p in passes)) / total if total else None
+
+
+def verdicts(servers):
+    """Each plugin server's verdict beside its control (the rules off at its chunk and page, same run):
+    "exact" where it was identical and the control failed requests, "could not see" where the control
+    passed or did not run, "inexact" where the plugin itself differed."""
+    controls = {(e.get("chunk"), e.get("page")): e for e in servers if e.get("rules") is False}
+    rows = []
+    for entry in servers:
+        if entry.get("rules") is not True:
+            continue
+        control = controls.get((entry["chunk"], entry["page"]))
+        fraction = failed_fraction(control) if control else None
+        verdict = ("inexact" if not entry.get("ok") else "exact" if fraction else "could not see")
+        rows.append({"server": entry["name"], "verdict": verdict, "plugin_failed_fraction": failed_fraction(entry),
+                     "control": control["name"] if control else None, "control_failed_fraction": fraction})
+    return rows
+
+
 def _percentile(values, q):
     return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
@@ -376,7 +518,8 @@ def stack():
     return {**versions, "python": platform.python_version(), "gpu": gpu}
 
 
-PHASES = {"matrix": phase_matrix, "refusals": phase_refusals, "rules-off": lambda run: None}  # rules-off runs in the matrix
+PHASES = {"matrix": phase_matrix, "refusals": phase_refusals, "large-batch": phase_large_batch,
+          "rules-off": lambda run: None}  # rules-off runs in the matrix
 
 if __name__ == "__main__":
     sys.exit(main())

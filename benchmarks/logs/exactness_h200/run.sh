@@ -1,0 +1,43 @@
+#!/bin/bash
+# Issue 46's H200 run: exactness where a difference would show. Planned whole before the machine was taken;
+# each step under a time limit (SIGINT, so real_server.py stops its servers and keeps its JSON), every
+# result and log written into OUT in the step that made it (COMMANDS.md beside this file: the device calls).
+#
+#   probe    benchmarks/probe_unsplit_decode.py: flashinfer's decode, planned as SGLang's deterministic
+#            backend plans it, a request's row at KV 1,000-32,768 in eager batches of 1, 8 and 64 (stock's
+#            split plan and the plugin's unsplit one) against its CUDA-graph row alone; and what the
+#            unsplit plan costs per eager call;
+#   qwen     Qwen2.5-7B's shape on well-scaled random weights (benchmarks/random_checkpoint.py, written on
+#            the GPU): a stock unchunked reference, the plugin at chunks 128 and 256 (radix on), and beside
+#            each its control, the grid rules off at the same chunk, all checked with verify's defaults
+#            (mixed, chat, tiles; 32 requests each, sequential and concurrent); then large-batch: 64
+#            prompts of 3,000-3,555 tokens alone and all at once, to the plugin with a decode graph of 8,
+#            to the same with SGLANG_CHUNK_ALIGN_UNSPLIT_DECODE=0 (the control), and with
+#            --disable-cuda-graph.
+# Qwen2's MLP imports the CuTe DSL, which the H200 machine lacks: stand_in() puts the sm90 stand-in over
+# that module (benchmarks/stand_ins/). GEMMs run SGLang's batch-invariant Triton path (sgl-deep-gemm does
+# not load on the machine's torch 2.11).
+#
+#   usage: OUT=DIR [PY=python3] [STEPS="probe qwen"] [QWEN_LIMIT=900] bash benchmarks/logs/exactness_h200/run.sh
+# From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh).
+set -u
+out=${OUT:?OUT: where the results go}
+py=${PY:-python3}
+steps=${STEPS:-probe qwen}
+mkdir -p "$out"
+. benchmarks/logs/gpu_steps.sh
+record_stack ""
+
+for s in $steps; do
+  case $s in
+    probe) step probe-unsplit-decode 300 $py -m benchmarks.probe_unsplit_decode --json "$out/probe_unsplit_decode.json";;
+    qwen)
+      stand_in
+      limit=${QWEN_LIMIT:-900}
+      step qwen2.5-7b "$limit" $py benchmarks/real_server.py --model-path benchmarks/models/qwen2.5-7b --weights random \
+        --checkpoints /tmp/checkpoints --phases matrix,rules-off,large-batch --chunks 128,256 --pages 1 --radix on \
+        --parallel 4 --max-total-tokens 65536 --mem-fraction-static 0.85 --deadline-s $((limit - 60)) \
+        --logs "$out/qwen2.5-7b-logs" --out "$out/qwen2.5-7b.json";;
+  esac
+done
+echo "== all steps ended $(date +%T)"
