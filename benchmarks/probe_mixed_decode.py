@@ -58,30 +58,19 @@ def measure(shape, device="cuda"):
     pages = [torch.arange(s, s + n, dtype=torch.int32, device=device) for s, n in zip(starts, KV_LENS)]
     chunk_pages = torch.arange(total - CHUNK, total, dtype=torch.int32, device=device)
     workspace = torch.empty(fa2.DETERMINISTIC_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-    heads = (shape.num_qo_heads, shape.num_kv_heads, shape.head_dim, 1)
+    dims = (shape.num_qo_heads, shape.num_kv_heads, shape.head_dim)
+    heads = (*dims, 1)
     types = dict(q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
     scale = shape.head_dim**-0.5
 
     def decode(members, graph=False):
         lens = [KV_LENS[i] for i in members]
-        indptr, indices = fa2.indptr(lens, device), torch.cat([pages[i] for i in members])
-        last = torch.ones(len(members), dtype=torch.int32, device=device)
-        if not graph:
-            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
-            wrapper.plan(indptr, indices, last, *heads, **types, fixed_split_size=fa2.DECODE_SPLIT)
-            return wrapper.forward(q[members], (k, v), sm_scale=scale)
-        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", use_cuda_graph=True, use_tensor_cores=True, paged_kv_indptr_buffer=indptr,
-            paged_kv_indices_buffer=indices, paged_kv_last_page_len_buffer=last,
-        )
-        wrapper.plan(indptr, indices, last, *heads, **types, fixed_split_size=None, disable_split_kv=True)
-        q_in = q[members].clone()
-        wrapper.forward(q_in, (k, v), sm_scale=scale)  # warm up outside the graph, as SGLang's capture does
-        graph_ = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph_):
-            out = wrapper.forward(q_in, (k, v), sm_scale=scale)
-        graph_.replay()
-        return out
+        kv_indptr, indices = fa2.indptr(lens, device), torch.cat([pages[i] for i in members])
+        if graph:
+            return fa2.TensorCoreDecode.for_graph(workspace, *dims, kv_indptr, indices).replayed(q[members], k, v)
+        wrapper = fa2.TensorCoreDecode(workspace, *dims)
+        wrapper.plan_batch(kv_indptr, indices, **fa2.EAGER_DECODE_PLAN)
+        return wrapper.forward(q[members], k, v)
 
     def extend(members, with_chunk):
         """One fa2 prefill call: the one-token extends of `members`, after the chunk where asked."""

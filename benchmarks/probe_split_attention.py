@@ -202,17 +202,27 @@ def sglang_wrappers(shape, workspace):
     return new_wrapper, plan_args, plan_kwargs, dict(causal=True, sm_scale=shape.head_dim**-0.5)
 
 
-def probe_arguments(doc, argv):
-    """A GPU probe's arguments (--json), or None where there is no CUDA GPU, said on stderr."""
+def probe_parser(doc):
+    """A GPU probe's argument parser: --json."""
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--json", help="write the JSON document here too")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def has_gpu():
+    """Whether a CUDA GPU is here; where not, said on stderr."""
     import torch
 
     if not torch.cuda.is_available():
         print("needs a CUDA GPU and flashinfer", file=sys.stderr)
-        return None
-    return args
+        return False
+    return True
+
+
+def probe_arguments(doc, argv):
+    """A GPU probe's arguments (--json), or None where there is no CUDA GPU, said on stderr."""
+    args = probe_parser(doc).parse_args(argv)
+    return args if has_gpu() else None
 
 
 def main(argv=None):
