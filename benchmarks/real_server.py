@@ -13,8 +13,8 @@ random checkpoint for it (benchmarks/random_checkpoint.py), where a last-bit
 difference in attention shows in the logprobs; `--weights dummy` serves
 SGLang's dummy weights (uniform in ±1e-3, norms included), which hide most:
 
-    python benchmarks/real_server.py --model-path Qwen/Qwen3-8B --out real_server.json
-    python benchmarks/real_server.py --model-path benchmarks/models/qwen2.5-7b --weights random --out real_server.json
+    python -m benchmarks.real_server --model-path Qwen/Qwen3-8B --out real_server.json
+    python -m benchmarks.real_server --model-path benchmarks/models/qwen2.5-7b --weights random --out real_server.json
 
 (SGLang 0.5.23 builds Qwen3's and Llama's MLP with the CuTe DSL installed:
 benchmarks/models/qwen3-8b needs nvidia-cutlass-dsl, as a normal install has.)

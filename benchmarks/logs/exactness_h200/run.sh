@@ -34,7 +34,7 @@ for s in $steps; do
     qwen)
       stand_in
       limit=${QWEN_LIMIT:-900}
-      step qwen2.5-7b "$limit" $py benchmarks/real_server.py --model-path benchmarks/models/qwen2.5-7b --weights random \
+      step qwen2.5-7b "$limit" $py -m benchmarks.real_server --model-path benchmarks/models/qwen2.5-7b --weights random \
         --checkpoints /tmp/checkpoints --phases matrix,rules-off,large-batch --chunks 128,256 --pages 1 --radix on \
         --parallel 4 --max-total-tokens 65536 --mem-fraction-static 0.85 --deadline-s $((limit - 60)) \
         --logs "$out/qwen2.5-7b-logs" --out "$out/qwen2.5-7b.json";;
