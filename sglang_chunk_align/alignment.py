@@ -24,7 +24,7 @@ def combine_alignments(*alignments):
     return math.lcm(*declared) if declared else None
 
 
-def chunk_size_error(chunk, align, q_tile, attn_dp_size=1, min_piece=None):
+def chunk_size_error(chunk, align, q_tile, attn_dp_size=1, min_piece=None, flag="--chunked-prefill-size"):
     """Why a per-rank chunked-prefill size cannot serve the alignment, or None.
 
     `align` is the scheduler's combined alignment (q-tile, DSA kpool, mamba
@@ -35,12 +35,13 @@ def chunk_size_error(chunk, align, q_tile, attn_dp_size=1, min_piece=None):
     second chunk on every start would leave the grid. Where the kernel needs
     no start alignment (q_tile 1), a chunk shorter than `min_piece` (the grid
     rules' shortest piece on the full fa2 tile) is refused: every piece but the
-    last would run on a smaller tile than its solo prefill.
+    last would run on a smaller tile than its solo prefill. `flag` is the option the user set the
+    size with, named in the advice: the server's, or `plan`'s `--chunk`.
     """
     if align is None or chunk is None or chunk <= 0:
         return None
     dp_note = (
-        f" (--chunked-prefill-size is split across {attn_dp_size} DP attention ranks)"
+        f" ({flag} is split across {attn_dp_size} DP attention ranks)"
         if attn_dp_size > 1
         else ""
     )
@@ -48,7 +49,7 @@ def chunk_size_error(chunk, align, q_tile, attn_dp_size=1, min_piece=None):
         return (
             f"Chunked prefill is aligned to {align} tokens, but each rank's chunked "
             f"prefill size is {chunk}{dp_note}; a prompt longer than {chunk} tokens "
-            f"could never be scheduled. Raise --chunked-prefill-size to at least "
+            f"could never be scheduled. Raise {flag} to at least "
             f"{align * attn_dp_size}."
         )
     if min_piece is not None and chunk < min_piece:
@@ -56,7 +57,7 @@ def chunk_size_error(chunk, align, q_tile, attn_dp_size=1, min_piece=None):
             f"Chunked prefill pieces must get fa2's full q-tile, {min_piece} tokens or more for this "
             f"model, but each rank's chunked prefill size is {chunk}{dp_note}: every piece but a "
             f"prompt's last would run on a smaller tile and lose bit-exactness. Raise "
-            f"--chunked-prefill-size to at least {min_piece * attn_dp_size}."
+            f"{flag} to at least {min_piece * attn_dp_size}."
         )
     if q_tile is not None and chunk % q_tile:
         lower, upper = chunk // q_tile * q_tile, (chunk // q_tile + 1) * q_tile
@@ -66,7 +67,7 @@ def chunk_size_error(chunk, align, q_tile, attn_dp_size=1, min_piece=None):
             f"hybrid, its scan's chunks), but each rank's chunked prefill size is "
             f"{chunk}{dp_note}, not a multiple of {q_tile}: continuation chunks "
             f"would start off the grid and lose bit-exactness. Use "
-            f"--chunked-prefill-size {lower * attn_dp_size} or "
+            f"{flag} {lower * attn_dp_size} or "
             f"{upper * attn_dp_size}."
         )
     return None

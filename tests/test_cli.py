@@ -356,11 +356,14 @@ def test_plan_command_counts_one_chunk():
 
 @pytest.mark.parametrize("chunk", [100, 200])
 def test_plan_command_refuses_what_the_scheduler_refuses(chunk):
-    """Below the grid (100) or off it (200): the scheduler's own message, for --chunk alone."""
+    """Below the grid (100) or off it (200): the scheduler's own message, for --chunk alone, whose
+    advice names the flag the user typed (--chunk), not the server's --chunked-prefill-size."""
     result = _cli("plan", "--prompt-len", "100", "--chunk", str(chunk))
-    message = chunk_size_error(chunk, align=128, q_tile=128)
+    message = chunk_size_error(chunk, align=128, q_tile=128, flag="--chunk")
     assert message and ("at least 128" if chunk < 128 else "not a multiple of 128") in message
     assert result.returncode == 2 and f"plan: error: argument --chunk: {message}" in result.stderr
+    assert ("Raise --chunk to at least 128." if chunk < 128 else "Use --chunk 128 or 256.") in result.stderr
+    assert "--chunked-prefill-size" not in result.stderr
     assert "usage: sglang-chunk-align plan" in result.stderr
 
 

@@ -1,5 +1,6 @@
-"""Issue 33's H200 records (benchmarks/logs/engine_h200/) against what README.md says of them,
-figure for figure: the in-process check, the RL cycle, and flashinfer 0.7.4 in real servers."""
+"""Issue 33's H200 records (benchmarks/logs/engine_h200/) against what README.md and
+docs/deployments.md say of them, figure for figure: the in-process check, the RL cycle, and
+flashinfer 0.7.4 in real servers."""
 
 import json
 import pathlib
@@ -7,6 +8,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "benchmarks" / "logs" / "engine_h200"
 README = " ".join((ROOT / "README.md").read_text().split())
+DEPLOYMENTS = " ".join((ROOT / "docs" / "deployments.md").read_text().split())
 BENCH_README = " ".join((ROOT / "benchmarks" / "README.md").read_text().split())
 
 
@@ -27,7 +29,7 @@ def test_the_in_process_check_found_every_request_identical_with_radix_hits():
     assert identical == requests == 96 and sum(p["cached_tokens_total"] for p in passes(check)) > 0
     assert cycle["versions"]["flashinfer-python"] == "0.7.2" and "--chunk" not in cycle["argv"]  # the default, 256
     assert f"all {identical} requests ({requests // 2}, in two passes) were identical" in README
-    assert f"`verify_engine`, {identical} of {requests} identical" in README
+    assert f"`verify_engine`, {identical} of {requests} identical" in DEPLOYMENTS
 
 
 def test_the_first_cycle_failed_for_the_reason_the_records_give():
@@ -49,7 +51,7 @@ def test_the_cycle_on_flashinfer_074_is_what_the_readme_says():
     assert f"every replay was identical, 32 of 32 for each policy, and the seeds gave every group {samples} distinct samples" in README
 
 
-def test_flashinfer_074_servers_are_what_the_readme_says():
+def test_flashinfer_074_servers_are_what_the_deployments_doc_says():
     record = load("run3/fi074_granite.json")
     assert record["stack"]["flashinfer-python"] == "0.7.4"
     plugins = [s for s in record["servers"] if s["name"].startswith("plugin")]
@@ -59,7 +61,7 @@ def test_flashinfer_074_servers_are_what_the_readme_says():
         checked = passes(server["verify"])
         assert sum(p["identical"] for p in checked) == sum(p["requests"] for p in checked) == 72
         assert sum(p["cached_tokens_total"] for p in checked) > 0
-    assert "72 of 72 requests identical per server" in README
+    assert "72 of 72 requests identical per server" in DEPLOYMENTS
 
 
 def test_the_one_token_grid_of_074_kept_more_of_the_same_prompts_radix_hits_than_072s():

@@ -124,3 +124,54 @@ def test_a_dataclass_would_be_caught():
     tools = sorted(m for m in import_graph() if kind(m) == "tools")
     found = {m: dataclasses_defined(module_path(m)) for m in tools}
     assert found["sglang_chunk_align.tools.verify"] and found["sglang_chunk_align.tools.probe"]  # the tools may
+
+
+
+ROOT = PACKAGE.parent
+README = ROOT / "README.md"
+
+
+def python_versions():
+    """setup.cfg's one truth on Python: (python_requires's minimum, the classified 3.x versions in
+    order, the SGLang release the [sglang] extra pins)."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    classified = sorted((c.rpartition(" :: ")[2] for c in cfg["metadata"]["classifiers"].splitlines()
+                         if c.startswith("Programming Language :: Python :: 3.")),
+                        key=lambda v: tuple(map(int, v.split("."))))
+    return (cfg["options"]["python_requires"].removeprefix(">="), classified,
+            cfg["options.extras_require"]["sglang"].strip().removeprefix("sglang=="))
+
+
+def test_the_readme_states_setup_cfgs_python_versions():
+    """README.md's Python statement is setup.cfg's: the minimum, the classified range (starting at
+    that minimum) and the SGLang release the [sglang] extra installs."""
+    minimum, classified, pinned = python_versions()
+    assert classified[0] == minimum
+    assert (f"The plugin needs Python {minimum} or newer (classified for {classified[0]} to {classified[-1]}); "
+            f"the `[sglang]` extra installs SGLang {pinned}, which needs Python") in " ".join(README.read_text().split())
+
+
+def test_the_python_the_readme_says_the_extras_sglang_needs_is_its_own():
+    """Read from that SGLang's metadata, where it is the one installed."""
+    from importlib import metadata
+
+    pinned = python_versions()[2]
+    if metadata.version("sglang") != pinned:
+        pytest.skip(f"SGLang {pinned}, which the [sglang] extra installs, is not the one installed")
+    needed = metadata.metadata("sglang")["Requires-Python"].removeprefix(">=")
+    assert (f"installs SGLang {pinned}, which needs Python {needed} or newer."
+            in " ".join(README.read_text().split()))
+
+
+def test_the_readme_shows_install_launch_and_proof_within_its_first_80_lines():
+    """Issue 49: what it does, then how to install, launch and prove it, before the measurements;
+    the README at most 400 lines (the details live in docs/)."""
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 400
+    first = "\n".join(lines[:80])
+    for command in ("pip install '.[sglang]' && sglang-chunk-align doctor", "SGLANG_PLUGINS=chunk_align sglang serve",
+                    "sglang-chunk-align verify --server"):
+        assert command in first, command

@@ -1,5 +1,5 @@
-"""Issue 34's H200 records (benchmarks/logs/model_families_h200/) against what README.md and
-benchmarks/README.md say of them, figure for figure: Qwen3-8B and Llama-3.1-8B, the MoE, the Mamba2
+"""Issue 34's H200 records (benchmarks/logs/model_families_h200/) against what docs/model-families.md
+and benchmarks/README.md say of them, figure for figure: Qwen3-8B and Llama-3.1-8B, the MoE, the Mamba2
 kernel probe, and the Mamba2 hybrids' servers."""
 
 import json
@@ -10,8 +10,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "benchmarks" / "logs" / "model_families_h200"
-README_LINES = (ROOT / "README.md").read_text().splitlines()
-README = " ".join(" ".join(README_LINES).split())
+FAMILIES_LINES = (ROOT / "docs" / "model-families.md").read_text().splitlines()
+FAMILIES = " ".join(" ".join(FAMILIES_LINES).split())
 BENCH_README = " ".join((ROOT / "benchmarks" / "README.md").read_text().split())
 MAMBA_LINE = "256-token linear-attention kernel chunks: one request per prefill batch"
 
@@ -48,7 +48,7 @@ def test_the_dense_families_were_identical_per_server_with_radix_hits(path, row)
         same, requests, cached = identical(server)
         assert server["ok"] and same == requests == 72 and cached > 0
         assert "grid rules on: 32-token grid" in server["plugin_lines"][0]
-    assert row in README
+    assert row in FAMILIES
 
 
 def test_the_moe_was_identical_against_its_recorded_reference_with_radix_hits():
@@ -58,11 +58,11 @@ def test_the_moe_was_identical_against_its_recorded_reference_with_radix_hits():
     assert server["ok"] and same == requests == 72 and cached == 27520
     assert "--recorded" in server["verify_command"]  # one model on the GPU at a time
     assert "grid rules on: 16-token grid, pieces over 8 tokens (GQA group 8" in server["plugin_lines"][0]
-    assert "| 256 | on | 72 of 72 identical, with radix hits | `logs/model_families_h200/call3` |" in README
+    assert "| 256 | on | 72 of 72 identical, with radix hits | `logs/model_families_h200/call3` |" in FAMILIES
     assert "the plugin at chunk 256, radix on, checked against them: 72 of 72 identical" in BENCH_README
 
 
-def test_the_mamba2_probe_is_what_both_readmes_say():
+def test_the_mamba2_probe_is_what_the_docs_say():
     probe = json.loads((RECORDS / "call2/probe_mamba2.json").read_text())
     summary = {key: (row["identical"], row["cases"]) for key, row in probe["summary"].items()}
     assert summary == {
@@ -72,7 +72,7 @@ def test_the_mamba2_probe_is_what_both_readmes_say():
     assert probe["shape"]["chunk"] == 256 and probe["versions"]["sglang"] == "0.5.23"
     assert "| batched after a 100-token request (starts inside a kernel chunk) | 0 of 9 | 0.5 |" in BENCH_README
     assert "| chunked at 256 | 9 of 9 | 0 |" in BENCH_README
-    assert "identical to its solo scan in 0 of 9 cases, and in 9 of 9 after one ending on a kernel chunk" in README
+    assert "identical to its solo scan in 0 of 9 cases, and in 9 of 9 after one ending on a kernel chunk" in FAMILIES
 
 
 @pytest.mark.parametrize("served, refused, name", [
@@ -91,7 +91,7 @@ def test_the_hybrids_were_exact_one_request_a_prefill_batch_and_refused_128(serv
     refusal = servers(refused)["plugin-chunk128-page1-radixdefault"]
     assert not refusal["ok"] and "Raise --chunked-prefill-size to at least 256" in refusal["error"]
     assert MAMBA_LINE in refusal["plugin_lines"][0]
-    row = next(line for line in README_LINES if f"| hybrid, Mamba2 | {name}" in line)
+    row = next(line for line in FAMILIES_LINES if f"| hybrid, Mamba2 | {name}" in line)
     assert "| 256, 512; 128 refused at startup |" in row and "72 of 72 identical per server, one request per prefill batch" in row
 
 

@@ -142,6 +142,7 @@ def test_a_stream_cut_short_is_an_error_not_a_measurement(stand_in):
 
 README = pathlib.Path(serving.__file__).parent / "README.md"
 TOP_README = README.parent.parent / "README.md"
+SERVING_DOC = README.parent.parent / "docs" / "serving.md"
 RECORD = serving_plot.RECORD
 EARLIER = README.parent / "logs" / "serving_h200" / "printed_call2.txt"
 
@@ -164,7 +165,7 @@ def shown(cell, *values):
         float(part) == round(value, len(part.partition(".")[2])) for part, value in zip(parts, values))
 
 
-# Each timed setup's row in README.md's table, then in benchmarks/README.md's.
+# Each timed setup's row in docs/serving.md's table, then in benchmarks/README.md's.
 ROW_LABELS = {
     "plugin-256-no-wait": ("**plugin, chunk 256, radix (the defaults)**",
                            "plugin, chunk 256, radix cache, decode wait off (the defaults)"),
@@ -180,9 +181,9 @@ def ratio(a, b):
     return f"{a / b:.2f}x"
 
 
-def test_the_readmes_should_i_use_this_table_is_the_recorded_runs_first_rounds():
-    """README.md: each setup's throughput, its ratios to stock and triton, and its longest gaps."""
-    setups, text = serving_plot.recorded_setups(), TOP_README.read_text()
+def test_the_serving_docs_table_is_the_recorded_runs_first_rounds():
+    """docs/serving.md: each setup's throughput, its ratios to stock and triton, and its longest gaps."""
+    setups, text = serving_plot.recorded_setups(), SERVING_DOC.read_text()
     for name, (label, _) in ROW_LABELS.items():
         cells, workloads = row(text, label), setups[name][1]
         for cell, w in zip(cells, serving_plot.WORKLOADS):
@@ -236,6 +237,25 @@ def test_the_decode_wait_default_and_its_reasons_are_the_records():
             f"longest inter-token gap to {rl['itl_max_s_wait']:.2f} s (rollouts) and {agent['itl_max_s_wait']:.2f} s "
             f"(agents), against {rl['itl_max_s_control']:.1f} s and {agent['itl_max_s_control']:.1f} s without it"
             ) in decode_wait.MEASURED
+
+
+def test_what_the_readme_and_the_doc_say_of_the_decode_wait_is_its_verdict():
+    """Its cost and bound over three rounds, in README.md and docs/serving.md; and, beside the doc's
+    table of first rounds, why the wait's first round was faster than the defaults' first."""
+    verdict = json.loads((RECORD / "serving.json").read_text())["decode_wait"]["workloads"]
+    rl, agent = verdict["rl"], verdict["agent"]
+    said = (f"bounded the longest gap at {rl['itl_max_s_wait']:.2f} s on rollouts ({rl['itl_max_s_control']:.1f} s "
+            f"without) and {agent['itl_max_s_wait']:.2f} s on agents ({agent['itl_max_s_control']:.1f} s), for "
+            f"{rl['cost']:.1%} and {agent['cost']:.1%} of the throughput (over three rounds each")
+    readme, doc = (" ".join(path.read_text().split()) for path in (TOP_README, SERVING_DOC))
+    assert said in readme and said in doc
+    setups = serving_plot.recorded_setups()
+    wait, defaults = (setups[name][1]["rl"] for name in ("plugin-256", "plugin-256-no-wait"))
+    assert wait["output_tok_s"] == min(rl["output_tok_s_wait"]) and defaults["output_tok_s"] == min(rl["output_tok_s_control"])
+    assert (f"its first rollout round, {round(wait['output_tok_s']):,} tok/s, beat the defaults' first, "
+            f"{round(defaults['output_tok_s']):,}, while the medians of three rounds put it {rl['cost']:.1%} behind, "
+            f"and its longest rollout gap over the rounds was {rl['itl_max_s_wait']:.2f} s "
+            f"({wait['itl_max_s']:.2f} s in the first). The first round was the slowest on both servers.") in doc
 
 
 def printed_setups(path=EARLIER):

@@ -1,13 +1,14 @@
 """The second H200 run's records (Qwen2.5-7B's shape, Granite's defaults beside the ceiling, the
-determinism profile) against what README.md and benchmarks/README.md say of them, figure for
-figure. The first run's figures are tests/test_serving_benchmark.py's."""
+determinism profile) against what README.md, docs/serving.md and benchmarks/README.md say of them,
+figure for figure, and README.md's summary of both shapes. The first run's other figures are
+tests/test_serving_benchmark.py's."""
 
 import json
 import pathlib
 import re
 import tarfile
 
-from benchmarks import profile_determinism
+from benchmarks import profile_determinism, serving_plot
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LOGS = ROOT / "benchmarks" / "logs"
@@ -15,6 +16,7 @@ QWEN = LOGS / "serving_h200_qwen2.5-7b"
 PROFILE = LOGS / "profile_h200_qwen2.5-7b" / "profile.json"
 GRANITE_SECOND = LOGS / "serving_h200_granite" / "second_run.json"
 TOP_README = (ROOT / "README.md").read_text()
+SERVING_DOC = (ROOT / "docs" / "serving.md").read_text()
 BENCH_README = (ROOT / "benchmarks" / "README.md").read_text()
 
 
@@ -78,9 +80,9 @@ def test_every_qwen_setup_ran_sampled_as_rl_and_each_deterministic_one_is_identi
             "baseline-triton.json" if name == "triton-256" else "baseline-flashinfer.json")
 
 
-def test_the_readmes_qwen_table_is_the_record():
-    """README.md: throughput, ratios to stock and triton for the plugin, the longest gaps."""
-    recorded, rows = setups(QWEN / "serving.json"), table_after(TOP_README, "| setup, Qwen2.5-7B's shape")
+def test_the_serving_docs_qwen_table_is_the_record():
+    """docs/serving.md: throughput, ratios to stock and triton for the plugin, the longest gaps."""
+    recorded, rows = setups(QWEN / "serving.json"), table_after(SERVING_DOC, "| setup, Qwen2.5-7B's shape")
     plugin = recorded["plugin-256-defaults"]["workloads"]
     for name, (label, _) in QWEN_LABELS.items():
         cells, w = rows[label], recorded[name]["workloads"]
@@ -106,10 +108,35 @@ def test_benchmarks_readme_qwen_table_is_the_record():
         assert cells[4] == pair(w["rl"]["ttft_p50_s"], w["agent"]["ttft_p50_s"], 2), label
         assert cells[5] == verified(recorded[name]), label
     plugin = recorded["plugin-256-defaults"]["workloads"]
-    said = " / ".join(f"{plugin['rl']['output_tok_s'] / recorded[b]['workloads']['rl']['output_tok_s']:.2f}x / "
-                      f"{plugin['agent']['output_tok_s'] / recorded[b]['workloads']['agent']['output_tok_s']:.2f}x"
-                      for b in ("stock-4096",))
-    assert said.replace(" / ", " /\n", 1).replace("\n", " ") in " ".join(BENCH_README.split())
+    said = ", ".join(" / ".join(f"{plugin[w]['output_tok_s'] / recorded[base]['workloads'][w]['output_tok_s']:.2f}x"
+                                for w in ("rl", "agent")) + f" {alternative}"
+                     for base, alternative in (("stock-4096", "stock deterministic flashinfer"),
+                                               ("triton-256", "deterministic triton"),
+                                               ("nondet-256", "non-deterministic flashinfer")))
+    assert f"The plugin's defaults against each, in the same run (rl / agent): {said}." in " ".join(BENCH_README.split())
+
+
+# README.md's "Should I use this?" rows: the shape's record and the plugin's setup there.
+SUMMARY = {
+    "Granite-3.1-8B's (GQA 4, head_dim 128), the defaults (chunk 256)": ("granite", "plugin-256-no-wait"),
+    "Granite-3.1-8B's, chunk 1024, decode wait on": ("granite", "plugin-1024"),
+    "Qwen2.5-7B's (GQA 7, head_dim 128), the defaults (chunk 256)": ("qwen", "plugin-256-defaults"),
+}
+
+
+def test_the_readmes_summary_is_each_shapes_record():
+    """README.md: per shape, the plugin's throughput, its ratios to stock and triton, its longest gaps."""
+    recorded = {"granite": {name: workloads for name, (_, workloads) in serving_plot.recorded_setups().items()},
+                "qwen": {name: entry["workloads"] for name, entry in setups(QWEN / "serving.json").items()}}
+    rows = table_after(TOP_README, "| shape, plugin setup")
+    assert set(rows) == set(SUMMARY)
+    for label, (shape, name) in SUMMARY.items():
+        tok_s = {setup: [recorded[shape][setup][w]["output_tok_s"] for w in ("rl", "agent")]
+                 for setup in (name, "stock-4096", "triton-256")}
+        ratios = [" / ".join(f"{p / b:.2f}x" for p, b in zip(tok_s[name], tok_s[base])) for base in ("stock-4096", "triton-256")]
+        assert rows[label][:3] == [" / ".join(map(tok, tok_s[name])), *ratios], label
+        for shown, w in zip(rows[label][3].removesuffix(" s").split(" / "), ("rl", "agent")):
+            assert float(shown) == round(recorded[shape][name][w]["itl_max_s"], len(shown.partition(".")[2])), (label, w)
 
 
 def test_granites_second_run_table_and_cost_are_the_record():
@@ -136,12 +163,12 @@ def prefill_steps(name):
     return len(rows), sum(map(int, rows))
 
 
-def test_the_prefill_step_counts_the_readmes_give_are_the_server_logs():
+def test_the_prefill_step_counts_the_docs_give_are_the_server_logs():
     (plugin, plugin_tokens), (triton, triton_tokens) = prefill_steps("plugin-256-defaults"), prefill_steps("triton-256")
     assert f"{plugin} steps of {plugin_tokens:,} tokens for the plugin, {triton} of {triton_tokens:,}" in " ".join(
         BENCH_README.split())
     assert f"ran {plugin / triton - 1:.0%} more prefill steps over the server's life ({plugin} against {triton})" in " ".join(
-        TOP_README.split())
+        SERVING_DOC.split())
 
 
 PROFILE_LABELS = {"plugin-256-defaults": "plugin (deterministic flashinfer)",
@@ -178,15 +205,16 @@ def test_the_profile_recorded_what_it_says_it_profiled():
         assert softmax == [8], name
 
 
-def test_the_readmes_sentences_on_determinisms_cost_are_the_records():
-    """README.md's cost of determinism per shape, and its one sentence on where it goes."""
-    text = " ".join(TOP_README.split())
+def test_the_sentences_on_determinisms_cost_are_the_records():
+    """The cost of determinism per shape (README.md and docs/serving.md), and where it goes (the doc)."""
+    text = " ".join(SERVING_DOC.split())
     qwen, granite = setups(QWEN / "serving.json"), setups(GRANITE_SECOND)
     for recorded, said in ((qwen, "{:.1f}x on rollouts and {:.1f}x on agents on Qwen2.5-7B's shape"),
                            (granite, "{:.1f}x and {:.1f}x on Granite's")):
         cost = [recorded["nondet-256"]["workloads"][w]["output_tok_s"] /
                 recorded["plugin-256-defaults"]["workloads"][w]["output_tok_s"] for w in ("rl", "agent")]
-        assert said.format(*cost) in text
+        for where in (text, " ".join(TOP_README.split())):
+            assert said.format(*cost) in where
     decode = {s: e["scenarios"]["decode"]["breakdown_ms_per_step"] for s, e in setups(PROFILE).items()}
     det, nondet = decode["plugin-256-defaults"], decode["nondet-256"]
     assert (f"took {det['gemm']:.1f} ms of a {det['total']:.1f} ms decode step (64 requests, 2k tokens of context "

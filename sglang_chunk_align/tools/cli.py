@@ -184,8 +184,8 @@ def run_plan(planner, args):
     if warning:
         print(f"WARNING: {warning}", file=sys.stderr)
     rules = Rules(group=group, head_dim=head_dim, facts=facts)
-    # The chunk sizes the scheduler accepts, refused with its own message.
-    error = chunk_size_error(args.chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail)
+    # The chunk sizes the scheduler accepts, refused with its own message, naming plan's flag.
+    error = chunk_size_error(args.chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail, flag="--chunk")
     if error:
         planner.error(f"argument --chunk: {error}")
     _check_workspace(planner, args, head_dim, facts)
