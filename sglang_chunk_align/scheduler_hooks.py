@@ -107,6 +107,7 @@ def _arm(scheduler, rules_available):
     refused configuration changes nothing."""
     startup = _decide(scheduler, rules_available)
     _log(startup, scheduler.truncation_align_size)
+    _warn_of_unmeasured_shape(startup)
     if startup.armed:
         _refuse(scheduler, startup)
         if startup.rules is not None:
@@ -157,6 +158,18 @@ def _log(startup, align):
         f"; radix cache {startup.radix}" if startup.radix else "",
         f"; {startup.decode_wait_note}" if startup.decode_wait_note else "",
     )
+
+
+def _warn_of_unmeasured_shape(startup):
+    """Where the kernel facts were not measured at the armed backend's GQA group and head_dim,
+    the WARNING `plan` prints for it (KernelFacts.shape_warning), once per scheduler. An unknown
+    geometry gets the conservative rules for every model, which the startup line says."""
+    geometry = startup.declared.geometry
+    if not startup.armed or geometry is None:
+        return
+    warning = startup.facts.shape_warning(geometry.group, geometry.head_dim)
+    if warning:
+        logger.warning("sglang-chunk-align: %s.", warning)
 
 
 def _refuse(scheduler, startup):
