@@ -56,6 +56,9 @@ CATEGORIES = (
 SCENARIOS = ("decode", "chunk")
 PROFILE_WAIT_S = 120
 PREFILL_WAIT_S = 600  # the whole batch's first tokens
+# What a failed request raises: TimeoutError and a refused connection are OSErrors, a stream cut
+# mid-reply or not HTTP an http.client.HTTPException (BadStatusLine), an error reply serving.RequestFailed.
+REQUEST_ERRORS = (OSError, http.client.HTTPException, serving.RequestFailed)
 
 
 def main(argv=None):
@@ -122,7 +125,7 @@ def profile_setup(run, name, server):
     for scenario in SCENARIOS:
         try:
             entry["scenarios"][scenario] = SCENARIO_RUNS[scenario](run, server, name)
-        except (OSError, http.client.HTTPException, serving.RequestFailed) as error:  # TimeoutError is an OSError
+        except REQUEST_ERRORS as error:
             entry["scenarios"][scenario] = {"error": f"{type(error).__name__}: {error}"[:1000]}
     return entry
 
@@ -150,7 +153,7 @@ def _decode_batch(run, server, seed, profile_dir):
         try:
             results[i] = serving.stream(server.url, ids, new_tokens, on_first_token=first,
                                         temperature=1.0, sampling_seed=1000 * seed + i)
-        except (OSError, serving.RequestFailed) as error:
+        except REQUEST_ERRORS as error:
             results[i] = error
         finally:
             if not told.is_set():  # a failed request must not leave the batch waiting for its first token
@@ -170,7 +173,9 @@ def _decode_batch(run, server, seed, profile_dir):
         thread.join()
     failed = [r for r in results if not isinstance(r, dict)]
     if failed:
-        raise serving.RequestFailed(f"{len(failed)} of {args.batch} decoding requests failed: {failed[0]}")
+        first = failed[0]
+        raise serving.RequestFailed(
+            f"{len(failed)} of {args.batch} decoding requests failed: {type(first).__name__}: {str(first).strip()}")
     gaps = sorted(g for r in results for g in r["gaps"])
     entry = {"itl_p50_s": round(statistics.median(gaps), 5)}
     return {**entry, **analyse(wait_for_trace(trace), args.steps)} if trace else entry

@@ -5,6 +5,8 @@ SGLang: the check runs in every process that loads plugins. For the same
 reason version gates are read here (admits), not by packaging.specifiers.
 """
 
+import contextlib
+import contextvars
 import os
 from importlib import metadata
 
@@ -74,8 +76,26 @@ def installed_release(dist):
         return None
 
 
+_pretended = contextvars.ContextVar("sglang_chunk_align.compat.pretended", default=None)
+
+
+@contextlib.contextmanager
+def pretended_sglang(release):
+    """Within this block, the plugin takes SGLang `release` for the installed one: the tests' way
+    to ask how it answers another release's version check, never by patching a reader."""
+    token = _pretended.set(Version(release))
+    try:
+        yield
+    finally:
+        _pretended.reset(token)
+
+
 def installed_version(dist="sglang"):
-    """The installed version of `dist`, parsed, or None when it is not installed."""
+    """The installed version of `dist`, parsed (SGLang's as pretended_sglang pretends it), or None
+    when it is not installed."""
+    pretended = _pretended.get() if dist == "sglang" else None
+    if pretended is not None:
+        return pretended
     release = installed_release(dist)
     return None if release is None else Version(release)
 

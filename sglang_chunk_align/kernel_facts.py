@@ -124,7 +124,9 @@ class KernelFacts(NamedTuple):
         return f"head_dim {', '.join(others)} and {last}" if others else f"head_dim {last}"
 
     def shape_warning(self, group, head_dim):
-        """A warning when these facts were not measured at this GQA group and head_dim, else None.
+        """A warning when these facts were not measured at this GQA group and head_dim, else None:
+        `plan` prints it, and each scheduler logs it at startup (scheduler_hooks). It names the
+        facts taken instead and the probe that measures the shape.
 
         An unknown head_dim (None) is checked by the group alone: the rules then assume the
         strictest head_dim. Facts nobody measured (STRICTEST) get none: facts_for warns of the
@@ -142,9 +144,11 @@ class KernelFacts(NamedTuple):
             unmeasured = None if group in shapes[head_dim] else f"GQA group {group} at head_dim {head_dim}"
         if unmeasured is None:
             return None
+        shape = f"--group {group}" + ("" if head_dim is None else f" --head-dim {head_dim}")
         return (
             f"{unmeasured}: not measured on flashinfer {self.flashinfer}, whose kernel facts were measured at "
-            f"{self.describe_shapes()}, so bit-exactness here is the rules' arithmetic, unchecked on a GPU"
+            f"{self.describe_shapes()}, so bit-exactness here is the rules' arithmetic with those facts, unchecked "
+            f"on a GPU; run `{PROBE_COMMAND} {shape}` on a GPU to measure it"
         )
 
 

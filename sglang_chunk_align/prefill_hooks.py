@@ -21,11 +21,13 @@ rules_in_force() is the one reader. While it answers None (no deterministic
 flashinfer scheduler, or the rules switched off) every wrapper passes through.
 
 What one wrapper decides for a later call of the same step lives in the
-step's one Step (step_of).
+step's one Step (step_of). The one observer point is counting_deferrals: the
+harness counts keep_solo_tiles' deferrals there, never by replacing a name here.
 """
 
 import logging
 import sys
+from contextlib import contextmanager
 from dataclasses import replace
 
 from .compat import req_extend_end, req_prefix_len
@@ -36,6 +38,7 @@ logger = logging.getLogger("sglang_chunk_align")
 
 _rules = None  # the Rules this process's scheduler activated, or None: read through rules_in_force()
 _step = None  # the Step of the PrefillAdder scheduling now, or None: read through step_of()
+_deferrals = None  # reason -> times keep_solo_tiles deferred for it, while counting_deferrals counts; else None
 
 
 def activate(rules):
@@ -46,6 +49,19 @@ def activate(rules):
 def rules_in_force():
     """The Rules this process's scheduler activated at startup, or None."""
     return _rules
+
+
+@contextmanager
+def counting_deferrals(counts):
+    """Within this block, count in `counts` (reason -> times) each deferral keep_solo_tiles makes
+    (decisions.deferral's reason): the scheduler driver's count, by reason. Outside one, a
+    deferral costs one comparison more."""
+    global _deferrals
+    outer, _deferrals = _deferrals, counts
+    try:
+        yield
+    finally:
+        _deferrals = outer
 
 
 class Step:
@@ -331,6 +347,8 @@ def keep_solo_tiles(wrapped, instance, args, kwargs):
     reason = deferral(step.rules, step.parked, members, start, len(req.full_untruncated_fill_ids))
     if reason is None:
         return wrapped(*args, **kwargs)
+    if _deferrals is not None:
+        _deferrals[reason] = _deferrals.get(reason, 0) + 1
     logger.debug("sglang-chunk-align: deferring %s %s", req.rid, reason)
     return _schedule_policy().AddReqResult.OTHER
 

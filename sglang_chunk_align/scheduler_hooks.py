@@ -108,6 +108,7 @@ def _arm(scheduler, rules_available):
     refused configuration changes nothing."""
     startup = _decide(scheduler, rules_available)
     _log(startup, scheduler.truncation_align_size)
+    _warn_of_unmeasured_shape(startup)
     if startup.armed:
         _refuse(scheduler, startup)
         if startup.rules is not None:
@@ -168,6 +169,18 @@ def _unsplit_decode_note(unsplit):
         return "eager decode planned as in CUDA graphs (no KV split: the same bits at every decode batch size)"
     return (f"eager decode splits the KV at 2048 as stock does ({UNSPLIT_DECODE_ENV}=0): a request decoding in a "
             "batch over the CUDA graphs' sizes gets other bits past 2048 tokens")
+
+
+def _warn_of_unmeasured_shape(startup):
+    """Where the kernel facts were not measured at the armed backend's GQA group and head_dim,
+    the WARNING `plan` prints for it (KernelFacts.shape_warning), once per scheduler. An unknown
+    geometry gets the conservative rules for every model, which the startup line says."""
+    geometry = startup.declared.geometry
+    if not startup.armed or geometry is None:
+        return
+    warning = startup.facts.shape_warning(geometry.group, geometry.head_dim)
+    if warning:
+        logger.warning("sglang-chunk-align: %s.", warning)
 
 
 def _refuse(scheduler, startup):

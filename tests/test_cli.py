@@ -311,15 +311,16 @@ def test_plan_command_bounds_the_prompt_length():
 
 
 @pytest.mark.parametrize(
-    "flashinfer, shape, warned",
+    "flashinfer, shape, warned",  # warned: (the unmeasured shape, the probe arguments that measure it), or None
     [("0.7.2", (), None), ("0.7.2", ("--group", "8", "--head-dim", "512"), None), ("0.7.2", ("--group", "16"), None),
-     ("0.7.2", ("--group", "2", "--head-dim", "512"), "GQA group 2 at head_dim 512"),
-     ("0.7.2", ("--group", "16", "--head-dim", "256"), "GQA group 16 at head_dim 256"),
-     ("0.7.2", ("--group", "6"), "GQA group 6"), ("0.7.2", ("--head-dim", "96"), "head_dim 96"),
-     ("0.7.2", ("--group", "3", "--head-dim", "64"), "GQA group 3 and head_dim 64"),
+     ("0.7.2", ("--group", "2", "--head-dim", "512"), ("GQA group 2 at head_dim 512", "--group 2 --head-dim 512")),
+     ("0.7.2", ("--group", "16", "--head-dim", "256"), ("GQA group 16 at head_dim 256", "--group 16 --head-dim 256")),
+     ("0.7.2", ("--group", "6"), ("GQA group 6", "--group 6")),
+     ("0.7.2", ("--head-dim", "96"), ("head_dim 96", "--group 1 --head-dim 96")),
+     ("0.7.2", ("--group", "3", "--head-dim", "64"), ("GQA group 3 and head_dim 64", "--group 3 --head-dim 64")),
      ("0.7.4", ("--group", "2", "--head-dim", "256"), None),
-     ("0.7.4", ("--group", "4", "--head-dim", "512"), "head_dim 512"),  # measured on 0.7.2 only
-     ("0.7.4", ("--group", "2", "--head-dim", "128"), "GQA group 2 at head_dim 128"),
+     ("0.7.4", ("--group", "4", "--head-dim", "512"), ("head_dim 512", "--group 4 --head-dim 512")),  # 0.7.2's only
+     ("0.7.4", ("--group", "2", "--head-dim", "128"), ("GQA group 2 at head_dim 128", "--group 2 --head-dim 128")),
      ("0.7.9", ("--group", "6", "--head-dim", "96"), None)],  # unmeasured: the release's own WARNING says it
 )
 def test_plan_command_says_which_shapes_the_kernel_facts_of_its_release_cover(flashinfer, shape, warned):
@@ -331,9 +332,11 @@ def test_plan_command_says_which_shapes_the_kernel_facts_of_its_release_cover(fl
     assert ("WARNING: " in text.stdout) == bool(warned)
     report = json.loads(_cli(*args, "--json").stdout)
     if warned:
+        unmeasured, probed = warned
         assert text.stdout.splitlines()[1] == (
-            f"WARNING: {warned}: not measured on flashinfer {flashinfer}, whose kernel facts were measured at "
-            f"{facts.describe_shapes()}, so bit-exactness here is the rules' arithmetic, unchecked on a GPU"
+            f"WARNING: {unmeasured}: not measured on flashinfer {flashinfer}, whose kernel facts were measured at "
+            f"{facts.describe_shapes()}, so bit-exactness here is the rules' arithmetic with those facts, unchecked "
+            f"on a GPU; run `sglang-chunk-align probe {probed}` on a GPU to measure it"
         )
         assert report["warnings"] == [text.stdout.splitlines()[1].removeprefix("WARNING: ")]
     else:

@@ -1,10 +1,13 @@
 """Bad input gets a clear error and changes nothing; a failed load cannot go unnoticed."""
 
+import contextlib
+from types import SimpleNamespace
+
 import pytest
 from packaging.version import Version
 
 from sglang_chunk_align import patch_table, patches, plugin, releases
-from sglang_chunk_align.compat import ChunkAlignError, installed_version, sglang_at_least
+from sglang_chunk_align.compat import ChunkAlignError, installed_version, pretended_sglang, sglang_at_least
 from sglang_chunk_align.harness.standins import published, scheduler_alignment
 
 UNSUPPORTED_OLDER = "0.5.11"  # the release before releases.OLDEST
@@ -18,11 +21,9 @@ def _stock():
 
 
 @pytest.fixture
-def sglang_version(monkeypatch):
-    def pretend(version):
-        monkeypatch.setattr(patches, "installed_version", lambda: Version(version))
-
-    return pretend
+def sglang_version():
+    with contextlib.ExitStack() as pretended:
+        yield lambda version: pretended.enter_context(pretended_sglang(version))
 
 
 def test_older_sglang_is_refused(sglang_version):
@@ -67,11 +68,12 @@ def test_invalid_radix_switch_is_refused_with_what_unset_means(monkeypatch):
     assert _stock()
 
 
-def test_missing_patch_point_names_version_and_symbol_and_patches_nothing(monkeypatch):
+def test_missing_patch_point_names_version_and_symbol_and_patches_nothing():
     missing = patches.Wrap("sglang.srt.managers.scheduler", "Scheduler.init_prefill_q_tiles", lambda *a: None, "test")
-    monkeypatch.setattr(patch_table, "PATCH_POINTS", patch_table.PATCH_POINTS + (missing,))
+    table = SimpleNamespace(PATCH_POINTS=patch_table.PATCH_POINTS + (missing,), failure_guard=patch_table.failure_guard,
+                            reset=patch_table.reset)  # any such object is a table (patches.py)
     with pytest.raises(ChunkAlignError) as error:
-        patches.apply(patch_table)
+        patches.apply(table)
     assert f"SGLang {installed_version()}" in str(error.value)
     assert "sglang.srt.managers.scheduler.Scheduler.init_prefill_q_tiles" in str(error.value)
     assert _stock()
@@ -111,11 +113,11 @@ def test_guard_for_a_bad_switch_names_that_switch(monkeypatch):
 
 def test_failed_load_through_sglang_loader_is_logged_once_with_its_remedy(fresh_python, reported_once):
     result = fresh_python(
-        "from packaging.version import Version\n"
         "import sglang_chunk_align.patches as patches\n"
-        f"patches.installed_version = lambda: Version({UNSUPPORTED_OLDER!r})\n"
+        "from sglang_chunk_align.compat import pretended_sglang\n"
         "from sglang.srt.plugins import load_plugins\n"
-        "load_plugins()\n"
+        f"with pretended_sglang({UNSUPPORTED_OLDER!r}):\n"
+        "    load_plugins()\n"
         "assert not patches.installed_names()  # the guard waits for the scheduler module\n"
         "import sglang.srt.managers.scheduler\n"
         "print(sorted(patches.installed_names()))\n",

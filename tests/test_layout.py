@@ -175,3 +175,103 @@ def test_the_readme_shows_install_launch_and_proof_within_its_first_80_lines():
     for command in ("pip install '.[sglang]' && sglang-chunk-align doctor", "SGLANG_PLUGINS=chunk_align sglang serve",
                     "sglang-chunk-align verify --server"):
         assert command in first, command
+
+# Where the package's module attributes must never be reassigned from outside the module: a
+# module changes its own state through its own functions (prefill_hooks.activate, say), and
+# the tests and the harness reach a module through parameters, observers (prefill_hooks.
+# counting_deferrals) or what it chooses for a block (kernel_facts.chosen).
+SCANNED = [PACKAGE, PACKAGE.parent / "tests", PACKAGE.parent / "benchmarks"]
+SETTERS = {"setattr", "delattr", "object"}  # setattr, monkeypatch.setattr / delattr, mock.patch.object
+
+
+def module_aliases(tree, path, modules):
+    """The names `tree` binds to the package's modules: {local name: module}."""
+    inside = path.is_relative_to(PACKAGE)
+    module = module_name(path) if inside else ""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules:
+                    aliases[alias.asname or alias.name.partition(".")[0]] = alias.name if alias.asname else PACKAGE.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in modules:
+                    aliases[alias.asname or alias.name] = f"{base}.{alias.name}"
+    return aliases
+
+
+def reassigned_module_attributes(path, source, modules):
+    """`module.name = ...` (or del, +=), setattr(module, ...), monkeypatch.setattr(module, ...) or
+    mock.patch.object(module, ...), and monkeypatch.setattr / mock.patch with a dotted name, for
+    a package module other than `path`'s own: ["line: module.name", ...]."""
+    tree = ast.parse(source)
+    aliases = module_aliases(tree, path, modules)
+    own = module_name(path) if path.is_relative_to(PACKAGE) else None
+
+    def module_of(node):
+        if isinstance(node, ast.Name):
+            return aliases.get(node.id)
+        if isinstance(node, ast.Attribute):
+            outer = module_of(node.value)
+            return f"{outer}.{node.attr}" if f"{outer}.{node.attr}" in modules else None
+        return None
+
+    found = []
+
+    def check(line, module, attribute):
+        if module is not None and module != own:
+            found.append(f"{line}: {module}.{attribute}")
+
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete))
+                   else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            if isinstance(target, ast.Attribute):
+                check(node.lineno, module_of(target.value), target.attr)
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        first = node.args[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str) and name in {"setattr", "delattr", "patch"}:
+            dotted, _, attribute = first.value.rpartition(".")
+            check(node.lineno, dotted if dotted in modules else None, attribute)
+        elif name in SETTERS and len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
+            check(node.lineno, module_of(first), node.args[1].value)
+    return found
+
+
+def package_modules():
+    return {module_name(p) for p in PACKAGE.rglob("*.py")}
+
+
+def test_no_module_attribute_of_the_package_is_reassigned_from_outside_it():
+    modules = package_modules()
+    found = {
+        str(path.relative_to(PACKAGE.parent)): hits
+        for root in SCANNED for path in sorted(root.rglob("*.py"))
+        if (hits := reassigned_module_attributes(path, path.read_text(), modules))
+    }
+    assert found == {}
+
+
+@pytest.mark.parametrize("source, caught", [
+    # The scheduler driver's deferral count before prefill_hooks.counting_deferrals.
+    ("from .. import prefill_hooks\nprefill_hooks.deferral = counted\n", "2: sglang_chunk_align.prefill_hooks.deferral"),
+    ("from sglang_chunk_align import patches\ndef t(monkeypatch):\n    monkeypatch.setattr(patches, 'x', 1)\n",
+     "3: sglang_chunk_align.patches.x"),
+    ("import sglang_chunk_align.tools.verify as v\nv.FLUSH_WAIT_S += 1\n", "2: sglang_chunk_align.tools.verify.FLUSH_WAIT_S"),
+    ("import sglang_chunk_align\nsglang_chunk_align.tools.verify.FLUSH_WAIT_S = 1\n",
+     "2: sglang_chunk_align.tools.verify.FLUSH_WAIT_S"),
+    ("from unittest import mock\nwith mock.patch('sglang_chunk_align.compat.installed_version'): pass\n",
+     "2: sglang_chunk_align.compat.installed_version"),
+    ("from .. import prefill_hooks\nprefill_hooks.activate(None)\nstep = prefill_hooks.Step\n", None),
+])
+def test_a_reassigned_module_attribute_would_be_caught(source, caught):
+    path = PACKAGE / "harness" / "scheduler_driver.py"
+    assert reassigned_module_attributes(path, source, package_modules()) == ([caught] if caught else [])

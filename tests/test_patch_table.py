@@ -4,6 +4,8 @@ an install that fails partway, whatever the kind of the point that fails, leaves
 import configparser
 import os
 
+from types import SimpleNamespace
+
 import pytest
 from packaging.version import Version
 
@@ -52,15 +54,15 @@ def test_no_release_selects_a_target_twice(release):
     assert len(names) == len(set(names))
 
 
-def test_overlapping_ranges_are_refused_before_anything_changes(monkeypatch):
+def test_overlapping_ranges_are_refused_before_anything_changes():
     stock = _owner_dicts()
     release = patches.release_points(patch_table, installed_version())
     twin = next(p for p in patch_table.PATCH_POINTS if isinstance(p, patches.Wrap) and p in release)
-    monkeypatch.setattr(patch_table, "PATCH_POINTS", patch_table.PATCH_POINTS + (twin,))
+    table = SimpleNamespace(PATCH_POINTS=patch_table.PATCH_POINTS + (twin,), failure_guard=patch_table.failure_guard,
+                            reset=patch_table.reset)  # any such object is a table (patches.py)
     with pytest.raises(ChunkAlignError, match=f"selects {twin.name} more than once"):
-        patches.apply(patch_table)
+        patches.apply(table)
     assert patches.state() == patches.STOCK and not patches.installed_names()
-    monkeypatch.undo()
     assert _is_stock(stock)
 
 

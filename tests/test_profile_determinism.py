@@ -119,10 +119,10 @@ class Profiling(Streaming):
     """Streaming's /generate, and SGLang's /start_profile: its body kept, and the trace written at
     once where SGLang writes it ({output_dir}/{profile_id}-TP-0.trace.json.gz). Every request is
     logged in order ("/start_profile", body) or ("/generate", input_ids); a request whose
-    sampling_seed is in `fail_seeds` gets an HTTP 500."""
+    sampling_seed is in `fail_seeds` gets an HTTP 500, one in `cut_seeds` a reply that is not HTTP."""
 
     log = []
-    fail_seeds = ()
+    fail_seeds = cut_seeds = ()
 
     def do_POST(self):
         if self.path.startswith("/start_profile"):
@@ -140,6 +140,10 @@ class Profiling(Streaming):
             self.end_headers()
             self.wfile.write(b'{"error": {"message": "out of memory"}}')
             return
+        if body["sampling_params"].get("sampling_seed") in self.cut_seeds:
+            self.wfile.write(b"not an HTTP reply\r\n")  # the client raises http.client.BadStatusLine
+            self.close_connection = True
+            return
         self.rfile = _Replay(json.dumps(body).encode())  # Streaming reads the body again
         super().do_POST()
 
@@ -154,7 +158,7 @@ class _Replay:
 
 @pytest.fixture
 def profiling():
-    Profiling.log, Profiling.seen, Profiling.fail_seeds = [], [], ()
+    Profiling.log, Profiling.seen, Profiling.fail_seeds, Profiling.cut_seeds = [], [], (), ()
     http = ThreadingHTTPServer(("127.0.0.1", 0), Profiling)
     threading.Thread(target=http.serve_forever, daemon=True).start()
     yield SimpleNamespace(url=f"http://127.0.0.1:{http.server_port}")
@@ -224,6 +228,16 @@ def test_a_failed_request_of_the_decode_batch_is_an_error_not_a_hang(profiling, 
     assert isinstance(outcome.get("error"), serving.RequestFailed), outcome
     assert "1 of 4 decoding requests failed" in str(outcome["error"]) and "HTTP 500" in str(outcome["error"])
     assert all(path == "/generate" for path, _ in Profiling.log)
+
+
+def test_a_decode_request_answered_with_no_http_is_a_failed_request_of_the_batch(profiling, tmp_path):
+    """A reply that is not HTTP raises http.client.BadStatusLine, which is no OSError: the batch
+    reports it as a failed request, named, as it does an error reply."""
+    Profiling.cut_seeds = (1,)
+    outcome = run_with_timeout(lambda: profile._decode_batch(profile_run(tmp_path), profiling, seed=0,
+                                                             profile_dir=None))
+    assert isinstance(outcome.get("error"), serving.RequestFailed), outcome
+    assert str(outcome["error"]) == "1 of 4 decoding requests failed: BadStatusLine: not an HTTP reply"
 
 
 def test_reanalyze_redraws_the_breakdown_from_the_kernels_and_starts_nothing(tmp_path, monkeypatch):

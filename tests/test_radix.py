@@ -7,9 +7,9 @@ logs the decision on its startup line and refuses what it cannot serve.
 """
 
 import pytest
-from packaging.version import Version
 
-from sglang_chunk_align import releases, scheduler_hooks
+from sglang_chunk_align import releases
+from sglang_chunk_align.compat import pretended_sglang
 from sglang_chunk_align.harness.standins import bare, published, scheduler_alignment
 
 RADIX, RULES = "SGLANG_CHUNK_ALIGN_RADIX_CACHE", "SGLANG_CHUNK_ALIGN_RULES"
@@ -150,13 +150,13 @@ def test_where_it_cannot_be_exact_unset_starts_as_stock_with_one_line_saying_why
     said_once(caplog, prefix_cache(on=False, mamba=mamba), why)
 
 
-def test_on_a_release_before_the_radix_cache_unset_starts_as_stock_with_one_line_saying_why(
-        plugin, monkeypatch, caplog):
-    """A release below RADIX_OPT_IN, pretended (the release check is all that differs at this step);
-    CI's oldest CPU release runs it through its own alignment step."""
-    monkeypatch.setattr(scheduler_hooks, "installed_version", lambda: Version(OLDER))
-    said_once(caplog, None, f"SGLang {OLDER} is older than {releases.RADIX_OPT_IN}, where the grid rules reach "
-                            "radix hits and the tree")
+def test_on_a_release_before_the_radix_cache_unset_starts_as_stock_with_one_line_saying_why(plugin, caplog):
+    """A release below RADIX_OPT_IN, pretended (compat.pretended_sglang: the plugin's release checks
+    answer for it, on this release's Scheduler); CI's oldest CPU release runs it through its own
+    alignment step."""
+    with pretended_sglang(OLDER):
+        said_once(caplog, None, f"SGLang {OLDER} is older than {releases.RADIX_OPT_IN}, where the grid rules reach "
+                                "radix hits and the tree")
 
 
 @pytest.mark.needs_radix_opt_in
@@ -168,6 +168,5 @@ def test_radix_cache_1_is_refused_where_it_cannot_be_exact(plugin, monkeypatch, 
     monkeypatch.setenv(RULES, "0")
     with pytest.raises(ValueError, match=f"{RADIX}=1 needs the grid rules"):
         scheduler_alignment(chunk=256, state={"tree_cache": prefix_cache(on=tree_on)})
-    monkeypatch.setattr(scheduler_hooks, "installed_version", lambda: Version(OLDER))
-    with pytest.raises(ValueError, match=f"{RADIX}=1 needs SGLang {releases.RADIX_OPT_IN} or newer"):
+    with pretended_sglang(OLDER), pytest.raises(ValueError, match=f"{RADIX}=1 needs SGLang {releases.RADIX_OPT_IN} or newer"):
         scheduler_alignment(chunk=256, state={"tree_cache": prefix_cache(on=tree_on)})

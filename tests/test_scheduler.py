@@ -217,6 +217,30 @@ def test_an_unmeasured_flashinfer_gets_the_strictest_facts_and_one_warning(plugi
     assert len(warnings) == 1 and "sglang-chunk-align probe" in warnings[0]
 
 
+@pytest.mark.parametrize("planned, unmeasured", [
+    ((32, 8, 64), "head_dim 64"),  # Granite-4.0-H's head_dim
+    ((24, 8, 128), "GQA group 3 at head_dim 128"),
+    ((32, 8, 128), None),
+    (None, None),  # geometry unknown: the conservative rules, as the startup line says
+])
+def test_each_scheduler_warns_once_at_startup_of_a_shape_its_kernel_facts_were_not_measured_at(
+    plugin, flashinfer_release, caplog, planned, unmeasured
+):
+    """The scheduler's startup logs `plan`'s WARNING for the shape (KernelFacts.shape_warning),
+    with the facts taken instead and the probe that measures it; a measured shape gets none."""
+    facts = flashinfer_release("0.7.2")
+    with caplog.at_level("WARNING", logger="sglang_chunk_align"):
+        scheduler_alignment(lambda: flashinfer_backend(planned=planned), chunk=256)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if unmeasured is None:
+        assert warnings == []
+        return
+    group, head_dim = planned[0] // planned[1], planned[2]
+    assert warnings == [f"sglang-chunk-align: {facts.shape_warning(group, head_dim)}."]
+    assert warnings[0].startswith(f"sglang-chunk-align: {unmeasured}: not measured on flashinfer 0.7.2, whose kernel facts")
+    assert f"run `sglang-chunk-align probe --group {group} --head-dim {head_dim}` on a GPU" in warnings[0]
+
+
 @needs_grid_rules
 def test_rules_stay_conservative_where_the_geometry_is_unknown(plugin, caplog):
     with caplog.at_level("INFO", logger="sglang_chunk_align"):

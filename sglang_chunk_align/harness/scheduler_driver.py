@@ -12,8 +12,8 @@ backend and Scheduler whose alignment steps run (standins.py). Every prefill
 step's batch is recorded as (request, start, end) extends, with the fa2 calls
 the backend runs it in (`calls`: one per tile class under split attention),
 and radix hits are followed to the request that computed the reused KV (the
-"donor"). The plugin's deferrals are counted by reason (`deferrals`: a
-request deferred in n steps counts n times).
+"donor"). The plugin's deferrals are counted by reason (`deferrals`, through
+prefill_hooks.counting_deferrals: a request deferred in n steps counts n times).
 
 What it takes is duck-typed, so that the package never imports the benchmarks:
 a scheduling configuration (name, chunk, deterministic, split_tile_env, plugin,
@@ -164,7 +164,7 @@ class SchedulerDriver:
         return req
 
     def run(self, arrivals):
-        with counting_deferrals(self.stats["deferrals"]):
+        with prefill_hooks.counting_deferrals(self.stats["deferrals"]):
             return self._run(arrivals)
 
     def _run(self, arrivals):
@@ -352,25 +352,6 @@ class SchedulerDriver:
             req.update_finish_state()
             if req.finished():
                 release_kv(req, self.tree)
-
-
-@contextmanager
-def counting_deferrals(counts):
-    """Count in `counts` (reason -> times) what decisions.deferral answers the plugin's
-    keep_solo_tiles hook while the driver runs."""
-    decide = prefill_hooks.deferral
-
-    def counted(*args):
-        reason = decide(*args)
-        if reason is not None:
-            counts[reason] = counts.get(reason, 0) + 1
-        return reason
-
-    prefill_hooks.deferral = counted
-    try:
-        yield
-    finally:
-        prefill_hooks.deferral = decide
 
 
 def fa2_calls(entries):

@@ -114,12 +114,14 @@ class EngineServer:
         return verify.answer_from(f"{self.url} generate", self._await("generate", self.engine.async_generate(**keywords)))
 
     def flush(self):
-        """Empty the radix cache. The scheduler refuses while requests run: retried for up to
-        verify.FLUSH_WAIT_S, as verify retries a server's HTTP 400."""
+        """Empty the radix cache. The scheduler refuses while requests run: retried, as verify
+        retries a server's HTTP 400, for up to verify.FLUSH_WAIT_S or the request timeout, whichever
+        is shorter (a server's flush waits at most half of it)."""
+        wait_s = min(verify.FLUSH_WAIT_S, self.timeout)
 
         def attempt():
             result = self._await("flush_cache", self.engine.tokenizer_manager.flush_cache())
             return None if result.success else verify.ServerError(
-                f"{self.url} flush_cache: refused for {verify.FLUSH_WAIT_S} s: {result.message}")
+                f"{self.url} flush_cache: refused for {wait_s:g} s: {result.message}")
 
-        verify.retry_while_busy(attempt)
+        verify.retry_while_busy(attempt, wait_s)

@@ -480,11 +480,11 @@ def _null_if_not_finite(logprob):
     return None if isinstance(logprob, float) and not math.isfinite(logprob) else logprob
 
 
-def retry_while_busy(attempt):
+def retry_while_busy(attempt, wait_s=FLUSH_WAIT_S):
     """Call attempt() until it returns None (done); while it returns the error a busy server gives,
-    retry every 0.2 s for up to FLUSH_WAIT_S, then raise that error. A final refusal it raises itself.
+    retry every 0.2 s for up to `wait_s`, then raise that error. A final refusal it raises itself.
     The flushes of a server and of an in-process Engine (in_process.py) wait so."""
-    deadline = time.monotonic() + FLUSH_WAIT_S
+    deadline = time.monotonic() + wait_s
     while (busy := attempt()) is not None:
         if time.monotonic() > deadline:
             raise busy
