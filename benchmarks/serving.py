@@ -33,7 +33,12 @@ a failure there takes the server down.
 While one setup is verified and probed the next one starts: a server's start
 never overlaps another's timed workloads.
 
-    python benchmarks/serving.py --model-path benchmarks/models/granite-3.1-8b --dummy --out serving.json
+    python benchmarks/serving.py --model-path benchmarks/models/granite-3.1-8b --weights random --out serving.json
+
+--weights picks the weights (benchmarks/random_checkpoint.py): the checkpoint
+at --model-path, SGLang's dummy weights (--weights dummy, or --dummy), or a
+well-scaled random checkpoint written once from its config.json (--weights
+random), which servers load as a real one; the JSON's "weights" says which ran.
 
 The JSON holds each setup's command, plugin startup line, metrics, verify report
 and long-prompt results, the ratios to stock deterministic flashinfer and to
@@ -54,7 +59,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import real_server  # noqa: E402  (run as a script from the repository root)
+from benchmarks import random_checkpoint, real_server  # noqa: E402  (run as a script from the repository root)
 from benchmarks.real_server import STOCK, Server  # noqa: E402
 from sglang_chunk_align.tools import verify  # noqa: E402
 
@@ -114,7 +119,7 @@ LONG_PROMPTS = {"reference": (16384, 20480, 24576, 32768), "setup": (32768, 6553
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", required=True)
-    parser.add_argument("--dummy", action="store_true", help="--load-format dummy --skip-tokenizer-init (config.json only)")
+    random_checkpoint.add_arguments(parser)
     parser.add_argument("--setups", default=",".join(n for n in SETUPS if SETUPS[n].expect_identical),
                         help=f"comma-separated, of {', '.join(SETUPS)}")
     parser.add_argument("--workloads", default="rl,agent,interactive,streamed")
@@ -147,7 +152,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.verify_only and not args.baselines:
         parser.error("--verify-only checks setups against recorded references: give --baselines DIR")
-    run = ServingRun(args)
+    try:
+        run = ServingRun(args)
+    except random_checkpoint.CheckpointError as error:
+        parser.error(str(error))
     try:
         backends = {SETUPS[name].reference for name in args.setups.split(",")} - {None}
         if args.no_verify:
@@ -181,7 +189,8 @@ class ServingRun(real_server.Run):
     def __init__(self, args):
         args.extra = args.extra or []
         super().__init__(args)
-        self.results = {"stack": real_server.stack(), "model": self.config, "references": [], "setups": []}
+        self.results = {"stack": real_server.stack(), "model": self.config, "weights": self.results["weights"],
+                        "references": [], "setups": []}
         self.baselines = {}  # reference backend -> (its Server, its baseline cache file)
         self.setup_servers = []  # every setup's Server, stopped at the end whatever happened
 

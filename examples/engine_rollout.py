@@ -28,8 +28,14 @@ order; each replay must equal its first run exactly, and policy 1 must differ
 from policy 0 (the update reached the model). Both runs, the reference and the
 check, start by loading policy 0, and the check runs with policy 0 loaded.
 
-On dummy weights (--dummy: a folder holding a config.json; --load-format dummy
---skip-tokenizer-init) SGLang draws each parameter's values from the same seed,
+--weights says which weights run (benchmarks/random_checkpoint.py): the
+checkpoint at --model-path (the default); SGLang's dummy weights from a folder
+holding a config.json (--weights dummy, or --dummy; --load-format dummy
+--skip-tokenizer-init); or a well-scaled random checkpoint written once from
+that config.json (--weights random: normal(0, 0.02), norms 1, biases 0), which
+the Engine loads as a real one. The record says which ran.
+
+On dummy weights SGLang draws each parameter's values from the same seed,
 so the embedding and the LM head (the same size) hold the same values, and with
 a positive final norm the model repeats its last token with probability 1: no
 seed can change a sample, and no policy a logprob (the first H200 run showed
@@ -40,7 +46,8 @@ real weights a policy is 1 + POLICY_NOISE * N(0, 1): the stand-in trainer
 replaces that norm, and the answers change, which is what a new policy does.
 
 Exit status: 0 when every comparison holds and the check passes, 1 otherwise
-(each failure named), 2 for bad arguments or an Engine that cannot start.
+(each failure named), 2 for bad arguments, a random checkpoint that cannot be
+written or an Engine that cannot start.
 """
 
 import argparse
@@ -50,6 +57,9 @@ import os
 import random
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import random_checkpoint  # noqa: E402  (run as a script from the repository root)
 
 DUMMY_NORM_SCALE = 64.0  # a dummy policy's norm weight: DUMMY_NORM_SCALE * N(0, 1)
 POLICY_NOISE = 0.25  # a real model's: 1 + POLICY_NOISE * N(0, 1)
@@ -65,11 +75,16 @@ def main(argv=None):
 
     from sglang_chunk_align.tools.in_process import verify_engine
 
+    try:
+        path, server_args, weights = random_checkpoint.server_weights(args.model_path, args.weights, args.checkpoints, args.weights_seed)
+    except random_checkpoint.CheckpointError as error:
+        print(f"engine_rollout: {error}", file=sys.stderr)
+        return 2
     record = {"argv": sys.argv[1:] if argv is None else argv, "role": "reference" if reference else "plugin",
-              "versions": versions(), "problems": []}
+              "weights": weights, "versions": versions(), "problems": []}
     started = time.monotonic()
     try:
-        engine = sglang.Engine(**engine_arguments(args, reference))
+        engine = sglang.Engine(**engine_arguments(args, reference, path, server_args))
     except Exception as error:  # SGLang's own refusal (a bad chunk size, say) or a failed start
         print(f"engine_rollout: the Engine did not start: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
@@ -100,7 +115,7 @@ def main(argv=None):
 def parse(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", required=True)
-    parser.add_argument("--dummy", action="store_true", help="dummy weights from a folder holding only a config.json")
+    random_checkpoint.add_arguments(parser)
     parser.add_argument("--chunk", type=int, default=256, help="the plugin's chunked prefill size (default 256)")
     parser.add_argument("--groups", type=int, default=8, help="prompts per step (default 8)")
     parser.add_argument("--samples", type=int, default=4, help="samples per prompt, each with its own seed (default 4)")
@@ -122,19 +137,29 @@ def parse(argv):
     return args
 
 
-def engine_arguments(args, reference):
+def engine_arguments(args, reference, path, server_args):
     """The Engine's keywords: deterministic flashinfer; the reference unchunked (its radix cache stays
-    off, as stock keeps it there), the plugin at --chunk with the radix cache (its default)."""
+    off, as stock keeps it there), the plugin at --chunk with the radix cache (its default); the
+    weights' path, and their server arguments as the Engine's keywords."""
     arguments = dict(
-        model_path=args.model_path, attention_backend="flashinfer", enable_deterministic_inference=True,
+        model_path=path, **engine_keywords(server_args), attention_backend="flashinfer",
+        enable_deterministic_inference=True,
         chunked_prefill_size=-1 if reference else args.chunk, mem_fraction_static=args.mem_fraction_static,
         log_level=args.log_level,
     )
-    if args.dummy:
-        arguments.update(load_format="dummy", skip_tokenizer_init=True)
     if args.memory_saver and not reference:
         arguments.update(enable_memory_saver=True, enable_weights_cpu_backup=True)
     return arguments
+
+
+def engine_keywords(server_args):
+    """sglang.Engine's keywords for server flags: --load-format dummy is load_format="dummy", and a
+    flag without a value (--skip-tokenizer-init) is True."""
+    keywords, flags = {}, list(server_args)
+    while flags:
+        name = flags.pop(0).removeprefix("--").replace("-", "_")
+        keywords[name] = flags.pop(0) if flags and not flags[0].startswith("--") else True
+    return keywords
 
 
 class Policies:
@@ -142,7 +167,7 @@ class Policies:
     above for why dummy weights get a zero-mean one)."""
 
     def __init__(self, args, hidden_size, torch):
-        self.name, self.hidden_size, self.torch, self.dummy = args.param, hidden_size, torch, args.dummy
+        self.name, self.hidden_size, self.torch, self.dummy = args.param, hidden_size, torch, args.weights == "dummy"
 
     def tensors(self, step):
         noise = self.torch.randn(self.hidden_size, generator=self.torch.Generator().manual_seed(step))

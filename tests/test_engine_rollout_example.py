@@ -17,12 +17,14 @@ from types import SimpleNamespace
 import pytest
 from test_in_process import EngineStandIn
 
+from benchmarks import random_checkpoint
+
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("engine_rollout", ROOT / "examples" / "engine_rollout.py")
 example = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(example)
 
-ARGS = ["--model-path", "stand-in", "--dummy", "--groups", "3", "--samples", "2", "--max-new-tokens", "5",
+ARGS = ["--model-path", "stand-in", "--weights", "dummy", "--groups", "3", "--samples", "2", "--max-new-tokens", "5",
         "--verify-prompts", "4"]
 
 
@@ -161,3 +163,43 @@ def test_an_engine_that_does_not_start_is_one_line_and_exit_2(monkeypatch, capsy
     monkeypatch.setenv("SGLANG_PLUGINS", "")
     code, out = run(capsys, "--chunk", "100")
     assert code == 2 and out.err == "engine_rollout: the Engine did not start: ValueError: Chunked prefill is aligned to 128 tokens\n"
+
+
+@pytest.mark.parametrize("weights", [["--weights", "dummy"], ["--dummy"]])
+def test_dummy_weights_reach_the_engine_as_its_keywords_and_the_record_says_so(engine_kind, tmp_path, capsys, weights):
+    engine_kind()
+    record_file = tmp_path / "cycle.json"
+    assert example.main(["--model-path", "stand-in", *weights, *ARGS[4:], "--json", str(record_file)]) == 0
+    engine = RolloutEngine.made[-1]
+    assert engine.arguments["model_path"] == "stand-in"
+    assert engine.arguments["load_format"] == "dummy" and engine.arguments["skip_tokenizer_init"] is True
+    assert json.loads(record_file.read_text())["weights"] == random_checkpoint.DUMMY
+
+
+def test_random_weights_are_written_once_and_loaded_as_a_checkpoint(engine_kind, tmp_path, capsys):
+    """--weights random: the Engine loads the written checkpoint as a real one (no load_format), without a
+    tokenizer; the record names the weights; the stand-in trainer's policies are a real model's (1 + noise)."""
+    engine_kind()
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16", "num_hidden_layers": 1,
+        "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "vocab_size": 256, "bos_token_id": 1, "eos_token_id": 2}))
+    record_file = tmp_path / "cycle.json"
+    argv = ["--model-path", str(config), "--weights", "random", "--weights-seed", "7", "--checkpoints",
+            str(tmp_path / "weights"), *ARGS[4:], "--json", str(record_file)]
+    assert example.main(argv) == 0, capsys.readouterr()
+    engine = RolloutEngine.made[-1]
+    written = tmp_path / "weights" / "random-config-seed7"
+    assert engine.arguments["model_path"] == str(written) and (written / random_checkpoint.NOTE).is_file()
+    assert engine.arguments["skip_tokenizer_init"] is True and "load_format" not in engine.arguments
+    assert json.loads(record_file.read_text())["weights"] == random_checkpoint.describe(7)
+    norm = example.Policies(example.parse(argv), 64, __import__("torch")).tensors(0)[0][1].float()
+    assert abs(norm.mean().item() - 1) < 0.2
+
+
+def test_a_random_checkpoint_that_cannot_be_written_is_one_line_and_exit_2(engine_kind, tmp_path, capsys):
+    engine_kind()
+    code, out = run(capsys, "--weights", "random", "--checkpoints", str(tmp_path))
+    assert code == 2 and out.err == "engine_rollout: stand-in holds no config.json\n" and not RolloutEngine.made

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import real_server, serving, serving_plot
+from benchmarks import random_checkpoint, real_server, serving, serving_plot
 from sglang_chunk_align import decode_wait
 from sglang_chunk_align.compat import DECODE_WAIT_ENV, SWITCHES
 
@@ -293,7 +293,7 @@ def serving_run(tmp_path, **args):
     """A ServingRun over Granite's config, as main() builds it, for one setup's timing."""
     defaults = dict(model_path="benchmarks/models/granite-3.1-8b", logs=str(tmp_path), out=str(tmp_path / "s.json"),
                     port=0, deadline_s=60, extra=[], workloads="rl,agent", groups=2, samples=2, conversations=2,
-                    turns=2, repeats=3, repeat_setups="plugin-256", skip_long_prompts=False)
+                    turns=2, repeats=3, repeat_setups="plugin-256", skip_long_prompts=False, weights="dummy", checkpoints=None, weights_seed=0)
     return serving.ServingRun(SimpleNamespace(**{**defaults, **args}))
 
 
@@ -355,7 +355,7 @@ def test_a_setup_is_verified_against_its_references_recorded_answers_alone(tmp_p
         threading.Thread(target=http.serve_forever, daemon=True).start()
         return SimpleNamespace(url=f"http://127.0.0.1:{http.server_port}", http=http, describe=lambda: {})
 
-    run = SimpleNamespace(args=SimpleNamespace(prompts=4, dummy=True), config={"vocab_size": VOCAB})
+    run = SimpleNamespace(args=SimpleNamespace(prompts=4), input_ids=True, config={"vocab_size": VOCAB})
     cache = str(tmp_path / "baseline-flashinfer.json")
     reference = started()
     assert real_server.verify(run, reference, reference, cache, radix=False)["ok"] is True
@@ -492,3 +492,14 @@ def test_a_servers_split_batches_are_read_from_its_log(tmp_path):
         for n in (1, 10, 100):
             log.write(f"[x] sglang-chunk-align: split attention: prefill batch {n} split into fa2 calls of 3+1 requests\n")
     assert server.split_batches() == 100
+
+
+def test_the_record_says_which_weights_ran(tmp_path):
+    assert serving_run(tmp_path).results["weights"] == random_checkpoint.DUMMY
+
+
+def test_weights_that_cannot_be_written_are_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit:
+        serving.main(["--model-path", str(tmp_path), "--weights", "random", "--checkpoints", str(tmp_path / "w"),
+                      "--out", str(tmp_path / "s.json")])
+    assert exit.value.code == 2 and f"error: {tmp_path} holds no config.json" in capsys.readouterr().err
