@@ -26,7 +26,7 @@ verdict(): the fix holds where every eager_fix and graph row is exact;
 stock is shown inexact where an eager_stock row past the split differs;
 rows at KV lengths within the split must be exact in every variant, else the
 probe itself is suspect. Run from the repository root, flashinfer installed:
-python3 -m benchmarks.probe_unsplit_decode --json benchmarks/logs/unsplit_decode_h200.json
+python3 -m benchmarks.probe_unsplit_decode --json benchmarks/logs/unsplit_decode_h200/unsplit_decode.json
 (--dry-run prints the plan without a GPU).
 """
 

@@ -103,10 +103,11 @@ def test_a_fix_or_graph_row_that_differs_refutes_the_fix_and_says_where():
                                "gemma-2b eager_fix at KV [8192, 32768], batches [1, 8, 64] (max abs 0.002)")
 
 
-def test_a_row_within_the_split_that_differs_makes_the_probe_suspect():
-    v = probe.verdict(measured(STOCK_SPLITS | {("eager_stock", 1000)}))
-    assert (v["fix"], v["suspect"]) == (probe.DOES_NOT_HOLD, True)
+def test_a_row_within_the_split_that_differs_makes_the_probe_suspect_and_shows_no_split():
+    v = probe.verdict(measured({("eager_stock", 1000)}))
+    assert (v["fix"], v["suspect"], v["stock_inexact"]) == (probe.DOES_NOT_HOLD, True, False)
     assert v["reasons"][0].startswith("probe suspect: rows within the 2048 split differ: qwen2.5-7b eager_stock at KV [1000]")
+    assert v["reasons"][-1] == "stock's eager split differs in 0 of 36 rows past 2048"
 
 
 def test_a_failed_shape_or_nothing_measured_never_holds():
