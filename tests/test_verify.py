@@ -25,6 +25,7 @@ import re
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 import threading
 import time
 import urllib.parse
@@ -770,3 +771,28 @@ def test_a_flush_that_sglang_would_not_answer_is_final_not_retried(capsys, stand
     code, out, err = run_verify(capsys, "--server", server.url, *FAST, *IDS)
     assert (code, out) == (2, "") and time.monotonic() - started < verify.FLUSH_WAIT_S / 3
     assert err == (f"sglang-chunk-align verify: {server.url}/flush_cache: HTTP 404: an HTML page titled 'Not Found'\n")
+
+
+def test_every_chat_turn_ends_in_a_short_piece_once_built():
+    """The chat workload's prompts, built turn by turn from a server's answers as a pass builds them
+    (run_pass): every one is 1024k plus 1-8 tokens, the first and each follow-up whatever the answers'
+    lengths; their turns still extend the conversation before them."""
+
+    class Echo:
+        """A server answering each prompt with 3-11 tokens, counted as SGLang counts them."""
+
+        def generate(self, field, request, max_new_tokens):
+            output = list(range(3 + len(request.prompt) % 9))
+            return verify.Answer([None] * len(request.prompt), [(t, -1.0) for t in output], output, "",
+                                 len(request.prompt), 0)
+
+    ids = verify.TokenIds(VOCAB)
+    chat = verify.chat_workload(random.Random(3), 12, ids)
+    built = {}
+    progress = SimpleNamespace(advance=lambda: None)
+    verify.run_pass(Echo(), chat, built, ids, SimpleNamespace(max_new_tokens=8), 2, progress)
+    lengths = [len(built[c, t].prompt) for c, turns in enumerate(chat) for t in range(len(turns))]
+    assert len(lengths) == 12 and all(ends_short(n) for n in lengths), lengths
+    for c, turns in enumerate(chat):
+        for t in range(1, len(turns)):
+            assert built[c, t].prompt[: len(built[c, t - 1].prompt)] == built[c, t - 1].prompt

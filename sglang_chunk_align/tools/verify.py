@@ -23,7 +23,9 @@ Workloads (deterministic per --seed; --prompts requests each):
   rules keep it from running so (SHORT_END);
 - chat: conversations of up to 4 turns after a shared system prompt; each
   turn's prompt is the previous turn's prompt, its output and new user text,
-  so later turns hit the radix cache;
+  so later turns hit the radix cache; every turn's prompt is 1024k plus 1-8
+  tokens too (SHORT_END; the new text's length chosen once the answer before
+  it is known);
 - tiles: a long prompt (1025-2056 tokens, a short last piece), then two short ones of the small fa2
   tile classes (1-2, 3-8, 9-16, 17-32, 33-64 tokens), in turn: in the
   concurrent pass a long prompt's pieces share prefill batches with short
@@ -313,10 +315,13 @@ class Turn:
     (Req._compute_max_prefix_len), so a request meant to hit the cache asks for
     the logprobs of the tokens computed on top of the hit, not from 0. None on a
     follow-up turn: the previous turn's prompt and output, counted by the server.
+    A follow-up turn's `units` are cut when it is built (follow_up_units), so that
+    its whole prompt ends `short_end` units past a SHORT_END_BLOCK.
     """
 
     units: list
     shared: "int | None" = 0
+    short_end: "int | None" = None
 
 
 # Prompts of SHORT_END_BLOCK * k + r tokens, r in SHORT_END: at every chunk size dividing the block (128,
@@ -356,13 +361,15 @@ def mixed_workload(rng, count, prompts):
 
 
 def chat_workload(rng, count, prompts):
-    """Conversations of up to TURNS turns, `count` turns in all, after one shared system prompt."""
+    """Conversations of up to TURNS turns, `count` turns in all, after one shared system prompt; every
+    turn's whole prompt ends in a short last piece (short_end), the later ones once built."""
     system = prompts.units(rng, SYSTEM_PROMPT_TOKENS)
     conversations = []
     for done in range(0, count, TURNS):
         turns = min(TURNS, count - done)
-        first = Turn(system + prompts.units(rng, rng.randint(16, 1500)), len(system))
-        conversations.append([first] + [Turn(prompts.units(rng, rng.randint(8, 400)), None) for _ in range(turns - 1)])
+        first = Turn(system + prompts.units(rng, short_end(rng, (1, 1)) - len(system)), len(system))
+        conversations.append([first] + [Turn(prompts.units(rng, SHORT_END_BLOCK), None, rng.randint(*SHORT_END))
+                                         for _ in range(turns - 1)])
     return conversations
 
 
@@ -735,6 +742,13 @@ def _nulls(answer):
     return answer.input_logprobs[1:].count(None) + sum(logprob is None for _, logprob in answer.output)
 
 
+def follow_up_units(turn, before):
+    """A follow-up turn's new units: as many as bring its prompt (the one before, its output and these)
+    to turn.short_end past a SHORT_END_BLOCK; as tokens where prompts are token ids, about so in words."""
+    so_far = before.prompt_tokens + len(before.output_ids)
+    return turn.units[: (turn.short_end - so_far) % SHORT_END_BLOCK or SHORT_END_BLOCK]
+
+
 def run_pass(server, conversations, built, prompts, args, concurrency, progress):
     """Every conversation's turns in order, `concurrency` conversations at a time."""
 
@@ -743,7 +757,7 @@ def run_pass(server, conversations, built, prompts, args, concurrency, progress)
         for t, turn in enumerate(conversations[c]):
             if (c, t) not in built and turn.shared is None:
                 before = answers[c, t - 1]
-                prompt = prompts.follow_up(built[c, t - 1].prompt, before, turn.units)
+                prompt = prompts.follow_up(built[c, t - 1].prompt, before, follow_up_units(turn, before))
                 built[c, t] = Request(prompt, before.prompt_tokens + len(before.output_ids))
             elif (c, t) not in built:
                 built[c, t] = Request(prompts.first(turn.units), turn.shared)
