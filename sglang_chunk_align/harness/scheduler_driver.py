@@ -100,6 +100,13 @@ def prefix_cache(radix, req_pool, allocator, page_size, chunk):
     return UnifiedRadixCache(params)
 
 
+class CutShort(RuntimeError):
+    """SGLang's PrefillAdder admitted a request with part of its prompt and did not make it the chunked
+    request: the scheduler would take its partial prefill as finished. Stock's own adder does so for some
+    inputs (an ignore_eos request's admission beside a continuation, with an alignment set; found by
+    tests/test_stock_where_unarmed.py), so it is an outcome to compare, not a fault of the driver."""
+
+
 class SchedulerDriver:
     """SGLang's scheduling loop, step by step, over real SGLang objects.
 
@@ -262,7 +269,7 @@ class SchedulerDriver:
         cut_short = [r.rid for r in can_run
                      if r is not self.chunked_req and req_extend_end(r) < len(r.full_untruncated_fill_ids)]
         if cut_short:
-            raise RuntimeError(
+            raise CutShort(
                 f"{self.cfg.name}: PrefillAdder cut requests {cut_short} short without making them "
                 f"the chunked request, so SGLang would treat their partial prefill as finished"
             )
