@@ -46,9 +46,30 @@ RELEASE_MARKERS = {
 }
 
 
+# Test modules whose outcome does not depend on the installed SGLang release: they import neither
+# SGLang nor what it pins (torch, flashinfer, triton, transformers) and read none of their versions:
+# pure planning, committed records, the repository's layout, the benchmarks' parsing, pytest's own
+# behaviour, and every release's wheel read as a file. Their tests are marked
+# `release_independent`; .ci/run runs them on the newest release only and, on the older releases,
+# the rest (`-m "not release_independent"`). test_suite_guard.py holds each module to it: it runs
+# them where none of those can be imported.
+RELEASE_INDEPENDENT = (
+    "test_decisions.py", "test_engine_records.py", "test_layout.py", "test_model_family_records.py",
+    "test_planning.py", "test_probe.py", "test_profile_determinism.py", "test_release_wheels.py",
+    "test_serving_benchmark.py", "test_serving_records.py", "test_split_classes.py", "test_suite_guard.py",
+)
+
+
 def pytest_configure(config):
     for marker, (_, what) in RELEASE_MARKERS.items():
         config.addinivalue_line("markers", f"{marker}: skip on SGLang releases without {what}")
+    config.addinivalue_line("markers", "release_independent: the same outcome on every SGLang release (RELEASE_INDEPENDENT)")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in RELEASE_INDEPENDENT:
+            item.add_marker("release_independent")
 
 
 def pytest_runtest_setup(item):
