@@ -11,6 +11,7 @@ from sglang_chunk_align import scheduler_hooks
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUN = json.loads((ROOT / "benchmarks/logs/exactness_h200/call1/qwen2.5-7b.json").read_text())
 PROBE = json.loads((ROOT / "benchmarks/logs/unsplit_decode_h200/unsplit_decode.json").read_text())
+PROBE_FI074 = json.loads((ROOT / "benchmarks/logs/unsplit_decode_h200/fi074/unsplit_decode_fi074.json").read_text())
 DOC = (ROOT / "docs/exactness.md").read_text()
 README = (ROOT / "README.md").read_text()
 SERVERS = {entry["name"]: entry for entry in RUN["servers"]}
@@ -94,13 +95,17 @@ def test_what_the_fix_costs_is_the_record():
     assert (round(min(batch1_32k)), round(max(batch1_32k))) == (8, 11) and "8-11x at batch 1 with 32k of KV" in doc
 
 
-def test_the_probe_verdict_is_the_record():
-    assert PROBE["verdict"]["fix"] == "holds" and PROBE["verdict"]["stock_inexact"] and not PROBE["verdict"]["suspect"]
-    past = [c for shape in PROBE["results"] for c in shape["cells"] if c["variant"] == "eager_stock" and c["kv_len"] > 2048]
-    assert len(past) == 54 and not any(c["exact"] for c in past)
-    assert "stock's split differed in 54 of 54 rows past 2048" in flat(DOC)
-    fixed = [c for shape in PROBE["results"] for c in shape["cells"] if c["variant"] != "eager_stock"]
-    assert fixed and all(c["exact"] for c in fixed)
+def test_the_probe_verdicts_are_the_records():
+    for probe, flashinfer, rows, said in ((PROBE, "0.7.2", 54, "stock's split differed in 54 of 54 rows past 2048"),
+                                          (PROBE_FI074, "0.7.4", 36, "(36 of 36 stock rows past 2048 differing")):
+        assert probe["environment"]["flashinfer"] == flashinfer
+        assert probe["verdict"]["fix"] == "holds" and probe["verdict"]["stock_inexact"] and not probe["verdict"]["suspect"]
+        past = [c for shape in probe["results"] for c in shape["cells"]
+                if c["variant"] == "eager_stock" and c["kv_len"] > 2048]
+        assert len(past) == rows and not any(c["exact"] for c in past)
+        assert said in flat(DOC)
+        fixed = [c for shape in probe["results"] for c in shape["cells"] if c["variant"] != "eager_stock"]
+        assert fixed and all(c["exact"] for c in fixed)
 
 
 def test_the_readme_cites_the_same_figures_and_the_startup_clause_is_the_plugins():
