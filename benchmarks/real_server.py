@@ -180,10 +180,11 @@ class Run:
     def record(self, entry, key="servers"):
         with self.lock:
             self.results[key].append(entry)
+            if key == "servers":  # the verdicts follow the servers (a subclass's results may hold none)
+                self.results["verdicts"] = verdicts(self.results["servers"])
             self.save()
 
     def save(self):
-        self.results["verdicts"] = verdicts(self.results["servers"])
         with open(self.args.out + ".tmp", "w") as file:
             json.dump(self.results, file, indent=1)
         os.replace(self.args.out + ".tmp", self.args.out)
