@@ -38,7 +38,7 @@ import urllib.request
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import real_server, serving  # noqa: E402  (run as a script from the repository root)
+from benchmarks import random_checkpoint, real_server, serving  # noqa: E402  (run as a script from the repository root)
 
 # Kernel name -> category, the first match wins (case-insensitive). Attention comes first: fa2's and
 # Triton's attention kernels are templated on GEMM-like tiles; norms before sampling, since a fused
@@ -64,7 +64,7 @@ REQUEST_ERRORS = (OSError, http.client.HTTPException, serving.RequestFailed)
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", help="required unless --reanalyze")
-    parser.add_argument("--dummy", action="store_true", help="--load-format dummy --skip-tokenizer-init (config.json only)")
+    random_checkpoint.add_arguments(parser)
     parser.add_argument("--setups", default="plugin-256-defaults,nondet-256,triton-256",
                         help=f"comma-separated, of serving.py's {', '.join(serving.SETUPS)}")
     parser.add_argument("--batch", type=int, default=64, help="decode: requests decoding together")
@@ -94,7 +94,7 @@ def main(argv=None):
         print(json.dumps(summary(results), indent=1))
         return 0
     args.extra, args.deadline_s = [], float("inf")
-    run = real_server.Run(args)
+    run = real_server.start_run(parser, args, real_server.Run)
     run.results = {"stack": real_server.stack(), "model": run.config, "categories": CATEGORIES,
                    "workload": {k: getattr(args, k) for k in ("batch", "context", "chunk_tokens", "steps")}, "setups": []}
     names = args.setups.split(",")

@@ -152,10 +152,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.verify_only and not args.baselines:
         parser.error("--verify-only checks setups against recorded references: give --baselines DIR")
-    try:
-        run = ServingRun(args)
-    except random_checkpoint.CheckpointError as error:
-        parser.error(str(error))
+    run = real_server.start_run(parser, args, ServingRun)
     try:
         backends = {SETUPS[name].reference for name in args.setups.split(",")} - {None}
         if args.no_verify:

@@ -262,3 +262,12 @@ def test_reanalyze_redraws_the_breakdown_from_the_kernels_and_starts_nothing(tmp
                                                             "rest": 0.0, "total": 1.0}
     assert scenarios["chunk"] == {"error": "TimeoutError: no trace"}
     assert [tuple(c) for c in results["categories"]] == list(profile.CATEGORIES)
+
+
+def test_weights_that_cannot_be_written_are_a_usage_error(tmp_path, capsys):
+    """--weights as serving.py takes them (--dummy among them); a random checkpoint for a folder without
+    config.json is one line and exit 2, no traceback."""
+    with pytest.raises(SystemExit) as exit:
+        profile.main(["--model-path", str(tmp_path), "--weights", "random", "--checkpoints", str(tmp_path / "w"),
+                      "--out", str(tmp_path / "profile.json")])
+    assert exit.value.code == 2 and f"error: {tmp_path} holds no config.json" in capsys.readouterr().err
