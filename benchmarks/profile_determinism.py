@@ -101,10 +101,7 @@ def main(argv=None):
     servers = {}
     try:
         for name in names:  # side by side: a profile measures kernels, which an idle neighbour leaves alone
-            setup = serving.SETUPS[name]
-            servers[name] = real_server.Server(run, name, setup.chunk, 1, setup.env, extra=setup.extra,
-                                               backend=setup.backend, deterministic=setup.deterministic,
-                                               decode_graph_bs=args.graph_bs)
+            servers[name] = serving.start_setup(run, name)  # each with --max-total-tokens, not its setup's own pool
         for name in names:
             run.record(profile_setup(run, name, servers[name]), "setups")
     finally:
@@ -117,10 +114,9 @@ def main(argv=None):
 
 
 def profile_setup(run, name, server):
-    entry = {"setup": name, "label": serving.SETUPS[name].label, **server.describe()}
-    if not server.wait_ready():
-        return {**entry, "error": server.log()[-3000:]}
-    entry["plugin_lines"] = server.plugin_lines()
+    entry = serving.ready(name, server)
+    if "error" in entry:
+        return entry
     entry["scenarios"] = {}
     for scenario in SCENARIOS:
         try:
