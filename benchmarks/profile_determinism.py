@@ -38,7 +38,7 @@ import urllib.request
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import real_server, serving  # noqa: E402  (run as a script from the repository root)
+from benchmarks import random_checkpoint, real_server, serving  # noqa: E402  (run as a script from the repository root)
 
 # Kernel name -> category, the first match wins (case-insensitive). Attention comes first: fa2's and
 # Triton's attention kernels are templated on GEMM-like tiles; norms before sampling, since a fused
@@ -64,7 +64,7 @@ REQUEST_ERRORS = (OSError, http.client.HTTPException, serving.RequestFailed)
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", help="required unless --reanalyze")
-    parser.add_argument("--dummy", action="store_true", help="--load-format dummy --skip-tokenizer-init (config.json only)")
+    random_checkpoint.add_arguments(parser)
     parser.add_argument("--setups", default="plugin-256-defaults,nondet-256,triton-256",
                         help=f"comma-separated, of serving.py's {', '.join(serving.SETUPS)}")
     parser.add_argument("--batch", type=int, default=64, help="decode: requests decoding together")
@@ -94,17 +94,14 @@ def main(argv=None):
         print(json.dumps(summary(results), indent=1))
         return 0
     args.extra, args.deadline_s = [], float("inf")
-    run = real_server.Run(args)
+    run = real_server.start_run(parser, args, real_server.Run)
     run.results = {"stack": real_server.stack(), "model": run.config, "categories": CATEGORIES,
                    "workload": {k: getattr(args, k) for k in ("batch", "context", "chunk_tokens", "steps")}, "setups": []}
     names = args.setups.split(",")
     servers = {}
     try:
         for name in names:  # side by side: a profile measures kernels, which an idle neighbour leaves alone
-            setup = serving.SETUPS[name]
-            servers[name] = real_server.Server(run, name, setup.chunk, 1, setup.env, extra=setup.extra,
-                                               backend=setup.backend, deterministic=setup.deterministic,
-                                               decode_graph_bs=args.graph_bs)
+            servers[name] = serving.start_setup(run, name)  # each with --max-total-tokens, not its setup's own pool
         for name in names:
             run.record(profile_setup(run, name, servers[name]), "setups")
     finally:
@@ -117,10 +114,9 @@ def main(argv=None):
 
 
 def profile_setup(run, name, server):
-    entry = {"setup": name, "label": serving.SETUPS[name].label, **server.describe()}
-    if not server.wait_ready():
-        return {**entry, "error": server.log()[-3000:]}
-    entry["plugin_lines"] = server.plugin_lines()
+    entry = serving.ready(name, server)
+    if "error" in entry:
+        return entry
     entry["scenarios"] = {}
     for scenario in SCENARIOS:
         try:

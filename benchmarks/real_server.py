@@ -112,7 +112,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more server arguments")
     args = parser.parse_args(argv)
-    run = Run(args)
+    run = start_run(parser, args)
     try:
         for phase in args.phases.split(","):
             PHASES[phase](run)
@@ -121,6 +121,15 @@ def main(argv=None):
         run.save()
     print(json.dumps(run.summary(), indent=2))
     return 0 if run.all_identical() else 1
+
+
+def start_run(parser, args, run_class=None):
+    """run_class(args) (Run by default), or a usage error, one line and exit 2, where --weights
+    cannot give its weights (a random checkpoint for a folder without config.json, say)."""
+    try:
+        return (run_class or Run)(args)
+    except random_checkpoint.CheckpointError as error:
+        parser.error(str(error))
 
 
 class Run:
@@ -180,10 +189,11 @@ class Run:
     def record(self, entry, key="servers"):
         with self.lock:
             self.results[key].append(entry)
+            if key == "servers":  # the verdicts follow the servers (a subclass's results may hold none)
+                self.results["verdicts"] = verdicts(self.results["servers"])
             self.save()
 
     def save(self):
-        self.results["verdicts"] = verdicts(self.results["servers"])
         with open(self.args.out + ".tmp", "w") as file:
             json.dump(self.results, file, indent=1)
         os.replace(self.args.out + ".tmp", self.args.out)

@@ -152,10 +152,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.verify_only and not args.baselines:
         parser.error("--verify-only checks setups against recorded references: give --baselines DIR")
-    try:
-        run = ServingRun(args)
-    except random_checkpoint.CheckpointError as error:
-        parser.error(str(error))
+    run = real_server.start_run(parser, args, ServingRun)
     try:
         backends = {SETUPS[name].reference for name in args.setups.split(",")} - {None}
         if args.no_verify:
@@ -181,6 +178,24 @@ def verified_as_expected(entry):
     control. Not checked (None) is neither."""
     opposite = not SETUPS[entry["setup"]].expect_identical
     return entry.get("verify_ok") is not opposite
+
+
+def start_setup(run, name, max_total_tokens=None):
+    """The server of the setup named `name` (SETUPS), page size 1, CUDA graphs up to --graph-bs, its KV
+    pool `max_total_tokens` (None: --max-total-tokens): what this benchmark and profile_determinism start."""
+    setup = SETUPS[name]
+    return Server(run, name, setup.chunk, 1, setup.env, extra=setup.extra, backend=setup.backend,
+                  deterministic=setup.deterministic, decode_graph_bs=run.args.graph_bs, max_total_tokens=max_total_tokens)
+
+
+def ready(name, server):
+    """The setup's entry once its server is up: its command and plugin lines, or the error."""
+    entry = {"setup": name, "label": SETUPS[name].label, **server.describe()}
+    if not server.wait_ready():
+        entry["error"] = server.log()[-3000:]
+    else:
+        entry["plugin_lines"] = server.plugin_lines()
+    return entry
 
 
 class ServingRun(real_server.Run):
@@ -254,7 +269,7 @@ class ServingRun(real_server.Run):
 
         def check(name):
             server = self._start(name, pool=self.args.max_total_tokens)
-            entry = self._ready(name, server)
+            entry = ready(name, server)
             if "error" in entry:
                 server.stop()
                 self.record(entry, "setups")
@@ -265,24 +280,12 @@ class ServingRun(real_server.Run):
             list(pool.map(check, names))
 
     def _start(self, name, pool=None):
-        setup = SETUPS[name]
-        server = Server(self, name, setup.chunk, 1, setup.env, extra=setup.extra, backend=setup.backend,
-                        deterministic=setup.deterministic, decode_graph_bs=self.args.graph_bs,
-                        max_total_tokens=pool or setup.max_total_tokens)
+        server = start_setup(self, name, pool or SETUPS[name].max_total_tokens)
         self.setup_servers.append(server)
         return server
 
-    def _ready(self, name, server):
-        """The setup's entry once its server is up: its command and plugin lines, or the error."""
-        entry = {"setup": name, "label": SETUPS[name].label, **server.describe()}
-        if not server.wait_ready():
-            entry["error"] = server.log()[-3000:]
-        else:
-            entry["plugin_lines"] = server.plugin_lines()
-        return entry
-
     def _time(self, name, server):
-        entry = self._ready(name, server)
+        entry = ready(name, server)
         if "error" in entry:
             return entry
         try:

@@ -9,6 +9,7 @@ fails here, not on a GPU.
 """
 
 import asyncio
+import gc
 import inspect
 import math
 import threading
@@ -112,6 +113,34 @@ def test_a_request_the_engine_refuses_or_never_answers_is_a_clear_error():
     with pytest.raises(verify.ServerError, match=r"sglang.Engine\(stand-in\) generate: no answer in 0.2 s"):
         verify_engine(slow, workload="mixed", timeout=0.2, **SMALL)
     assert not slow.loop.is_running()  # the loop thread was stopped, the Engine usable again
+
+
+class HungEngine(EngineStandIn):
+    """An Engine whose requests never answer; a cancelled one aborts in the scheduler before it ends, which
+    takes its loop more than a step (as SGLang's abort can)."""
+
+    asked = aborted = 0
+
+    async def async_generate(self, **request):
+        self.asked += 1
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)
+            self.aborted += 1
+            raise
+
+
+def test_a_request_given_up_on_ends_before_the_loop_stops_so_no_task_is_left_pending(caplog):
+    """A task left pending on the stopped loop is reported at exit (when it is collected) as "Task was
+    destroyed but it is pending!": the loop runs on until the cancelled request has ended."""
+    engine = HungEngine()
+    with pytest.raises(verify.ServerError, match=r"generate: no answer in 0.2 s"):
+        verify_engine(engine, workload="mixed", timeout=0.2, **SMALL)
+    assert engine.aborted == engine.asked > 0 and not asyncio.all_tasks(engine.loop) and not engine.loop.is_running()
+    del engine
+    gc.collect()
+    assert "Task was destroyed but it is pending" not in caplog.text
 
 
 def test_flushes_are_retried_while_busy_and_a_flush_that_never_succeeds_stops_the_check():

@@ -262,3 +262,43 @@ def test_reanalyze_redraws_the_breakdown_from_the_kernels_and_starts_nothing(tmp
                                                             "rest": 0.0, "total": 1.0}
     assert scenarios["chunk"] == {"error": "TimeoutError: no trace"}
     assert [tuple(c) for c in results["categories"]] == list(profile.CATEGORIES)
+
+
+def test_weights_that_cannot_be_written_are_a_usage_error(tmp_path, capsys):
+    """--weights as serving.py takes them (--dummy among them); a random checkpoint for a folder without
+    config.json is one line and exit 2, no traceback."""
+    with pytest.raises(SystemExit) as exit:
+        profile.main(["--model-path", str(tmp_path), "--weights", "random", "--checkpoints", str(tmp_path / "w"),
+                      "--out", str(tmp_path / "profile.json")])
+    assert exit.value.code == 2 and f"error: {tmp_path} holds no config.json" in capsys.readouterr().err
+
+
+def test_each_setup_starts_as_serving_starts_it_in_the_pool_of_max_total_tokens(tmp_path, monkeypatch):
+    """The profiled servers are serving.py's setups, started by its start_setup; side by side, each gets
+    --max-total-tokens, stock-4096's pool for the GPU alone included. One that does not come up is its
+    setup's error, and the run's exit 1."""
+    started = []
+
+    class Down:
+        def __init__(self, run, name, chunk, page, env, **options):
+            started.append((name, chunk, options["backend"], options["max_total_tokens"], options["decode_graph_bs"]))
+
+        def describe(self):
+            return {"name": "described"}
+
+        def wait_ready(self):
+            return False
+
+        def log(self):
+            return "it did not start"
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(serving, "Server", Down)
+    monkeypatch.setattr(real_server, "stack", lambda: {})
+    out = tmp_path / "profile.json"
+    assert profile.main(["--model-path", str(tmp_path), "--dummy", "--setups", "stock-4096,triton-256", "--graph-bs", "8",
+                         "--logs", str(tmp_path), "--out", str(out)]) == 1
+    assert started == [("stock-4096", 4096, "flashinfer", None, 8), ("triton-256", 256, "triton", None, 8)]
+    assert [s["error"] for s in json.loads(out.read_text())["setups"]] == ["it did not start"] * 2

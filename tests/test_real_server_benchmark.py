@@ -8,6 +8,8 @@ import socket
 import threading
 from types import SimpleNamespace
 
+import pytest
+
 from benchmarks import real_server
 
 RECORDED = pathlib.Path(real_server.__file__).parent / "real_server_h200_gemma2b.json"
@@ -129,3 +131,11 @@ def test_one_model_at_a_time_checks_against_the_recorded_answers_with_the_refere
     beside = _run_matrix(monkeypatch, tmp_path)
     assert beside == [(f"plugin-chunk{c}-page1-radixon", "reference-page1", cache, ["reference-page1"])
                       for c in (128, 256)]
+
+
+def test_weights_that_cannot_be_written_are_a_usage_error(tmp_path, capsys):
+    """--weights random for a folder without config.json: one line and exit 2, no traceback."""
+    with pytest.raises(SystemExit) as exit:
+        real_server.main(["--model-path", str(tmp_path), "--weights", "random", "--checkpoints", str(tmp_path / "w"),
+                          "--out", str(tmp_path / "out.json")])
+    assert exit.value.code == 2 and f"error: {tmp_path} holds no config.json" in capsys.readouterr().err

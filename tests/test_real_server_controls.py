@@ -40,6 +40,17 @@ def test_a_plugin_server_is_exact_only_beside_a_control_that_failed():
     assert set(rows) == {"plugin-128", "plugin-256", "plugin-1024", "plugin-512"}  # controls get no verdict
 
 
+def test_the_record_holds_the_verdicts_of_the_servers_recorded_so_far(tmp_path):
+    """The JSON is rewritten after each server, its verdicts with it: a run cut short keeps them."""
+    out = tmp_path / "out.json"
+    args = SimpleNamespace(model_path=str(tmp_path), weights="dummy", checkpoints=None, weights_seed=0,
+                           logs=str(tmp_path), out=str(out), port=0)
+    run = real_server.Run(args)
+    run.record(entry("control-128", 128, False, False, (20, 32)))
+    run.record(entry("plugin-128", 128, True, True, (32, 32)))
+    assert [(v["server"], v["verdict"]) for v in json.loads(out.read_text())["verdicts"]] == [("plugin-128", "exact")]
+
+
 class FakeSGLang:
     """One fake server of the large-batch phase: /generate answers greedily from the prompt alone,
     except that the control setup (the unsplit plan off) answers other logprobs while more requests

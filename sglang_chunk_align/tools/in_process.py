@@ -41,6 +41,9 @@ import threading
 
 from . import verify
 
+# How long the loop runs on at the end for the requests given up on to end their cancellation.
+CANCEL_WAIT_S = 10
+
 
 def verify_engine(engine, *, recorded=None, record=None, radix=True, workload="all", prompts=verify.PROMPTS,
                   concurrency=verify.CONCURRENCY, seed=0, max_new_tokens=verify.MAX_NEW_TOKENS,
@@ -88,18 +91,38 @@ class EngineServer:
         if loop.is_running():
             raise RuntimeError("verify_engine: the Engine's event loop is running already; call it where you would "
                                "call engine.generate, not from a coroutine on that loop")
+        self.tasks = set()  # the calls' tasks still running, touched on the loop only
         self.thread = threading.Thread(target=loop.run_forever, name="verify_engine loop", daemon=True)
         self.thread.start()
         return self
 
     def __exit__(self, *exc):
-        self.engine.loop.call_soon_threadsafe(self.engine.loop.stop)
+        """Stop the loop once the calls given up on have ended their cancellation (for CANCEL_WAIT_S at
+        most): a task stopped mid-cancellation stays pending, and asyncio reports it at exit ("Task was
+        destroyed but it is pending!")."""
+        loop = self.engine.loop
+
+        async def settle():
+            if self.tasks:
+                await asyncio.wait(self.tasks, timeout=CANCEL_WAIT_S)
+
+        asyncio.run_coroutine_threadsafe(settle(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
         self.thread.join()
+
+    async def _tracked(self, coroutine):
+        """`coroutine` in a task the exit waits for."""
+        task = asyncio.current_task()
+        self.tasks.add(task)
+        try:
+            return await coroutine
+        finally:
+            self.tasks.discard(task)
 
     def _await(self, what, coroutine):
         """The coroutine's result, run on the Engine's loop; a ServerError naming `what` where it raises or
         outlasts the timeout (then it is cancelled), so that no request is left waiting forever."""
-        future = asyncio.run_coroutine_threadsafe(coroutine, self.engine.loop)
+        future = asyncio.run_coroutine_threadsafe(self._tracked(coroutine), self.engine.loop)
         try:
             return future.result(self.timeout)
         except concurrent.futures.TimeoutError:
