@@ -5,7 +5,6 @@ than the decode graphs gets another logprob."""
 
 import json
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
@@ -53,13 +52,16 @@ def test_the_record_holds_the_verdicts_of_the_servers_recorded_so_far(tmp_path):
 
 class FakeSGLang:
     """One fake server of the large-batch phase: /generate answers greedily from the prompt alone,
-    except that the control setup (the unsplit plan off) answers other logprobs while more requests
-    run than its decode graph holds; /flush_cache and the log SGLang writes."""
+    except that the control setup (the unsplit plan off) answers other logprobs in a batch larger than
+    its decode graph holds; /flush_cache and the log SGLang writes. The phase flushes before each pass:
+    in the first every request runs alone, in the second they wait for each other (a barrier, whatever
+    the machine's load) and run as one batch."""
 
     def __init__(self, run, name, chunk, page, env=(), extra=(), decode_graph_bs=8, max_total_tokens=None):
         self.name, self.env, self.graph_bs = name, dict(env), decode_graph_bs
         self.split = self.env.get("SGLANG_CHUNK_ALIGN_UNSPLIT_DECODE") == "0"
-        self.running, self.peak, self.lock, self.lines = 0, 0, threading.Lock(), []
+        self.flushes, self.lock, self.lines = 0, threading.Lock(), []
+        self.together = threading.Barrier(run.args.large_batch_requests, timeout=30)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -69,6 +71,7 @@ class FakeSGLang:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
                 if self.path.startswith("/flush_cache"):
+                    fake.flushes += 1
                     return self.reply({})
                 self.reply(fake.generate(body))
 
@@ -85,19 +88,15 @@ class FakeSGLang:
 
     def generate(self, body):
         ids, new = body["input_ids"], body["sampling_params"]["max_new_tokens"]
-        with self.lock:
-            self.running += 1
-            self.peak = max(self.peak, self.running)
-        time.sleep(0.3)  # requests sent together overlap here, as one decode batch would hold them
-        batch = self.peak  # the largest batch it decoded in
+        batch = 1
+        if self.flushes > 1:  # the all-at-once pass
+            self.together.wait()
+            batch = self.together.parties
         eager = batch > (self.graph_bs or 0)
         with self.lock:
             self.lines.append(f"Decode batch, #running-req: {batch}, #token: 1, token usage: 0.0, "
                               f"cuda graph: {not eager}, gen throughput (token/s): {100.0 * batch:.2f}, #queue-req: 0")
         logprob = -0.25 if (self.split and eager and batch > 1) else -0.5
-        with self.lock:
-            self.running -= 1
-            self.peak = self.peak if self.running else 0
         first = sum(ids) % 1000
         return {"output_ids": [first + i for i in range(new)], "text": "",
                 "meta_info": {"input_token_logprobs": [[None, ids[-1], None]],
