@@ -34,9 +34,9 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import torch
-import transformers
-from safetensors.torch import save_file
+# torch, transformers and safetensors are imported where a checkpoint is written: the benchmarks that take
+# --weights (real_server.py, serving.py) import this module for their arguments alone, and their tests run
+# where SGLang and torch are not installed (tests/conftest.py's RELEASE_INDEPENDENT).
 
 STD = 0.02
 SHARD_BYTES = 4 * 10**9
@@ -90,6 +90,10 @@ def add_arguments(parser):
 
 def write(config_dir, out_dir, seed=0, device=None):
     """Write (or reuse) the random checkpoint of config_dir's config.json in out_dir; return out_dir."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
     out_dir = os.path.normpath(out_dir)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     config_file = os.path.join(config_dir, "config.json")
@@ -166,6 +170,9 @@ def _reusable(out_dir, identity):
 
 def _parameters(config_dir):
     """{name: shape} of the model transformers builds from the config (tied parameters once), and its dtype."""
+    import torch
+    import transformers
+
     try:
         config = transformers.AutoConfig.from_pretrained(config_dir)
         with torch.device("meta"):
@@ -195,6 +202,8 @@ def _plan(parameters, dtype):
 def _draw(name, shape, dtype, seed, device):
     """One parameter's values: 1 for a norm's weight, 0 for a bias, else normal(0, STD) drawn in float32
     by a generator seeded from (seed, name) alone, then rounded to dtype."""
+    import torch
+
     if len(shape) == 1 and "norm" in name.lower():
         return torch.ones(shape, dtype=dtype, device=device)
     if name.endswith("bias"):
