@@ -90,15 +90,15 @@ def add_arguments(parser):
 
 def write(config_dir, out_dir, seed=0, device=None):
     """Write (or reuse) the random checkpoint of config_dir's config.json in out_dir; return out_dir."""
+    config_file = os.path.join(config_dir, "config.json")
+    if not os.path.isfile(config_file):
+        raise CheckpointError(f"{config_dir} holds no config.json")
     import torch
     import transformers
     from safetensors.torch import save_file
 
     out_dir = os.path.normpath(out_dir)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    config_file = os.path.join(config_dir, "config.json")
-    if not os.path.isfile(config_file):
-        raise CheckpointError(f"{config_dir} holds no config.json")
     with open(config_file, "rb") as file:
         config_bytes = file.read()
     identity = {"writer": WRITER, "seed": seed, "generator_device": device.type,
