@@ -18,7 +18,11 @@
 # that module (benchmarks/stand_ins/). GEMMs run SGLang's batch-invariant Triton path (sgl-deep-gemm does
 # not load on the machine's torch 2.11).
 #
-#   usage: OUT=DIR [PY=python3] [STEPS="probe qwen"] [QWEN_LIMIT=900] bash benchmarks/logs/exactness_h200/run.sh
+#   llama    Llama-3.1-8B's shape, the same matrix and controls at chunks 128, 256 and 1024 (not run yet);
+#   hybrid   Nemotron-H-8B's (Mamba2 + attention), the radix switch unset, at chunks 256 and 512 (not run yet).
+#
+#   usage: OUT=DIR [PY=python3] [STEPS="probe qwen"] [QWEN_LIMIT=900] [QWEN_PHASES=...] [QWEN_CHUNKS=128,256]
+#          [LLAMA_LIMIT=700] [LLAMA_CHUNKS=...] [HYBRID_LIMIT=700] [HYBRID_CHUNKS=...] bash benchmarks/logs/exactness_h200/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh).
 set -u
 out=${OUT:?OUT: where the results go}
@@ -28,16 +32,21 @@ mkdir -p "$out"
 . benchmarks/logs/gpu_steps.sh
 record_stack ""
 
+servers() {  # NAME LIMIT PHASES CHUNKS RADIX [SERVER ARGS...]: real_server.py on NAME's config, random weights
+  local name=$1 limit=$2 phases=$3 chunks=$4 radix=$5; shift 5
+  step "$name" "$limit" $py -m benchmarks.real_server --model-path "benchmarks/models/$name" --weights random \
+    --checkpoints /tmp/checkpoints --phases "$phases" --chunks "$chunks" --pages 1 --radix "$radix" \
+    --parallel 4 --max-total-tokens 65536 --mem-fraction-static 0.85 --deadline-s $((limit - 60)) \
+    --logs "$out/$name-logs" --out "$out/$name.json" ${1:+-- "$@"}
+}
 for s in $steps; do
   case $s in
     probe) step probe-unsplit-decode 300 $py -m benchmarks.probe_unsplit_decode --json "$out/probe_unsplit_decode.json";;
-    qwen)
-      stand_in
-      limit=${QWEN_LIMIT:-900}
-      step qwen2.5-7b "$limit" $py -m benchmarks.real_server --model-path benchmarks/models/qwen2.5-7b --weights random \
-        --checkpoints /tmp/checkpoints --phases matrix,rules-off,large-batch --chunks 128,256 --pages 1 --radix on \
-        --parallel 4 --max-total-tokens 65536 --mem-fraction-static 0.85 --deadline-s $((limit - 60)) \
-        --logs "$out/qwen2.5-7b-logs" --out "$out/qwen2.5-7b.json";;
+    qwen) stand_in; servers qwen2.5-7b ${QWEN_LIMIT:-900} ${QWEN_PHASES:-matrix,rules-off,large-batch} \
+            ${QWEN_CHUNKS:-128,256} on;;
+    llama) stand_in; servers llama-3.1-8b ${LLAMA_LIMIT:-700} matrix,rules-off ${LLAMA_CHUNKS:-128,256,1024} on;;
+    hybrid) servers nemotron-h-8b ${HYBRID_LIMIT:-700} matrix,rules-off ${HYBRID_CHUNKS:-256,512} default \
+              --max-running-requests 32;;
   esac
 done
 echo "== all steps ended $(date +%T)"
