@@ -55,7 +55,13 @@ def test_a_random_checkpoint_loads_as_the_models_own_with_well_scaled_values(tmp
     monkeypatch.setattr(random_checkpoint, "SHARD_BYTES", 600_000)
     config = shrunk(tmp_path, model)
     out = tmp_path / "out"
-    assert random_checkpoint.write(config, str(out), seed=3, device="cpu") == str(out)
+    try:
+        assert random_checkpoint.write(config, str(out), seed=3, device="cpu") == str(out)
+    except random_checkpoint.CheckpointError as error:
+        if "cannot build the model" not in str(error):
+            raise
+        # transformers 5.8 (SGLang 0.5.13's) builds Nemotron-H's mixer from a kernel it fetches from a hub
+        pytest.skip(f"this transformers cannot build {model} offline: {error}")
     written = tensors(out)
     model_config = transformers.AutoConfig.from_pretrained(config)
     with torch.device("meta"):

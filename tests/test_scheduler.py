@@ -231,7 +231,9 @@ def test_each_scheduler_warns_once_at_startup_of_a_shape_its_kernel_facts_were_n
     facts = flashinfer_release("0.7.2")
     with caplog.at_level("WARNING", logger="sglang_chunk_align"):
         scheduler_alignment(lambda: flashinfer_backend(planned=planned), chunk=256)
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    # The shape's warnings: a release without the grid rules warns of that too (compat), whatever the shape.
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelname == "WARNING" and "not measured on flashinfer" in r.getMessage()]
     if unmeasured is None:
         assert warnings == []
         return
