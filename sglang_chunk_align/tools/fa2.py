@@ -16,6 +16,8 @@ Imports torch and flashinfer only when called; imported by the probe and the
 benchmarks, never by plugin loading.
 """
 
+from ..unsplit_decode import UNSPLIT
+
 PREFILL_SPLIT = 4096  # SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE default
 DECODE_SPLIT = 2048  # SGLANG_FLASHINFER_DECODE_SPLIT_TILE_SIZE default
 DETERMINISTIC_WORKSPACE_BYTES = 2 << 30  # the workspace SGLang gives deterministic flashinfer
@@ -55,9 +57,10 @@ class PagedPrefill:
 
 # How SGLang's deterministic backend splits decode KV (flashinfer_backend.py, 0.5.23): eager steps
 # (init_forward_metadata) at the fixed decode split, CUDA-graph steps (init_forward_metadata_out_graph)
-# not at all. Each is the split half of a decode plan's keyword arguments.
+# not at all, which is the plan unsplit_decode.py gives eager steps too (its UNSPLIT, stated there once).
+# Each is the split half of a decode plan's keyword arguments.
 EAGER_DECODE_PLAN = dict(fixed_split_size=DECODE_SPLIT, disable_split_kv=False)
-GRAPH_DECODE_PLAN = dict(fixed_split_size=None, disable_split_kv=True)
+GRAPH_DECODE_PLAN = UNSPLIT
 
 
 class TensorCoreDecode:
