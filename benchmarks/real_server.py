@@ -443,12 +443,12 @@ def _all_at_once(run, server, prompts, alone, graph_bs, expect, graphs_alone):
     seconds = time.monotonic() - started
     decode = [(int(n), graph == "True", float(tps)) for n, graph, tps in DECODE_LINE.findall(server.log()[log_start:])]
     eager = [tps for n, graph, tps in decode if not graph and n > max(graph_bs, 1)]
-    same = [verify_tool.first_difference(a, t) is None for a, t in zip(alone, together)]
+    differences = [verify_tool.first_difference(a, t) for a, t in zip(alone, together)]
+    same = [d is None for d in differences]
     entry = {
         **server.describe(), "decode_graph_max_bs": graph_bs or None, "expect_identical": expect,
         "requests": len(prompts), "identical": sum(same), "ok": all(same) if expect else not all(same),
-        "differing": [i for i, s in enumerate(same) if not s],
-        "first_differences": [verify_tool.first_difference(a, t) for a, t in zip(alone, together)],
+        "differing": [i for i, s in enumerate(same) if not s], "first_differences": differences,
         "seconds_all_at_once": round(seconds, 2),
         "output_tokens_per_s": round(sum(len(t.output) for t in together) / seconds, 1),
         "eager_decode_steps_logged": len(eager), "largest_decode_batch": max((n for n, _, _ in decode), default=0),
