@@ -28,6 +28,16 @@ order; each replay must equal its first run exactly, and policy 1 must differ
 from policy 0 (the update reached the model). Both runs, the reference and the
 check, start by loading policy 0, and the check runs with policy 0 loaded.
 
+A check whose control passes proves little, so a third run is the control:
+
+    # 3. The plugin with its grid rules off (SGLANG_CHUNK_ALIGN_RULES=0), checked the same way.
+    python examples/engine_rollout.py --model-path MODEL --control reference.json --json control.json
+
+It runs no cycle, only verify_engine against the reference, and it passes (exit
+0) where that check finds it inexact: the record gives the fraction of requests
+that differed. Where every request was identical, the check could not see a
+broken rule on these weights, and the control fails (exit 1).
+
 --weights says which weights run (benchmarks/random_checkpoint.py): the
 checkpoint at --model-path (the default); SGLang's dummy weights from a folder
 holding a config.json (--weights dummy, or --dummy; --load-format dummy
@@ -60,6 +70,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import random_checkpoint  # noqa: E402  (run as a script from the repository root)
+from benchmarks.real_server import failed_fraction  # noqa: E402
 
 DUMMY_NORM_SCALE = 64.0  # a dummy policy's norm weight: DUMMY_NORM_SCALE * N(0, 1)
 POLICY_NOISE = 0.25  # a real model's: 1 + POLICY_NOISE * N(0, 1)
@@ -68,8 +79,10 @@ POLICY_NOISE = 0.25  # a real model's: 1 + POLICY_NOISE * N(0, 1)
 def main(argv=None):
     args = parse(argv)
     reference = bool(args.record_reference)
-    # The Engine's scheduler processes load plugins themselves: the variable must be set before it starts.
+    # The Engine's scheduler processes load plugins and read switches themselves: set before it starts.
     os.environ["SGLANG_PLUGINS"] = "none" if reference else "chunk_align"
+    if args.control:
+        os.environ["SGLANG_CHUNK_ALIGN_RULES"] = "0"
     import sglang
     import torch
 
@@ -80,7 +93,8 @@ def main(argv=None):
     except random_checkpoint.CheckpointError as error:
         print(f"engine_rollout: {error}", file=sys.stderr)
         return 2
-    record = {"argv": sys.argv[1:] if argv is None else argv, "role": "reference" if reference else "plugin",
+    role = "reference" if reference else "control" if args.control else "plugin"
+    record = {"argv": sys.argv[1:] if argv is None else argv, "role": role,
               "weights": weights, "versions": versions(), "problems": []}
     started = time.monotonic()
     try:
@@ -95,12 +109,18 @@ def main(argv=None):
         update(engine, policies, 0)
         if reference:
             record["verify"] = verify_engine(engine, record=args.record_reference, radix=False, prompts=args.verify_prompts)
+        elif args.control:
+            record["verify"] = verify_engine(engine, recorded=args.control, radix=False, prompts=args.verify_prompts)
+            record["control_failed_fraction"] = failed_fraction(record)
+            if not record["control_failed_fraction"]:
+                record["problems"].append("the control (grid rules off) was identical on every request: "
+                                          "the check could not see a broken rule on these weights")
         else:
             record["cycle"] = cycle(engine, args, policies, config.vocab_size, record["problems"])
             update(engine, policies, 0)
             if args.recorded:
                 record["verify"] = verify_engine(engine, recorded=args.recorded, prompts=args.verify_prompts)
-        if "verify" in record and not record["verify"]["ok"]:
+        if "verify" in record and not record["verify"]["ok"] and not args.control:
             record["problems"].append("verify_engine: " + ("; ".join(record["verify"]["problems"]) or "requests differ"))
     finally:
         engine.shutdown()
@@ -130,6 +150,8 @@ def parse(argv):
     roles.add_argument("--record-reference", metavar="FILE", help="run the stock, unchunked reference and record "
                        "verify_engine's answers in FILE, instead of the cycle")
     roles.add_argument("--recorded", metavar="FILE", help="after the cycle, check the Engine against FILE")
+    roles.add_argument("--control", metavar="FILE", help="the control: the plugin with its grid rules off, checked "
+                       "against FILE instead of the cycle; it passes where it is found inexact")
     parser.add_argument("--json", metavar="FILE", help="write the record as JSON")
     args = parser.parse_args(argv)
     if min(args.groups, args.samples, args.max_new_tokens, args.verify_prompts) < 1:
@@ -139,15 +161,16 @@ def parse(argv):
 
 def engine_arguments(args, reference, path, server_args):
     """The Engine's keywords: deterministic flashinfer; the reference unchunked (its radix cache stays
-    off, as stock keeps it there), the plugin at --chunk with the radix cache (its default); the
-    weights' path, and their server arguments as the Engine's keywords."""
+    off, as stock keeps it there), the plugin at --chunk with the radix cache (its default; the
+    control's rules off keep it off); the memory saver for the cycle alone; the weights' path, and
+    their server arguments as the Engine's keywords."""
     arguments = dict(
         model_path=path, **engine_keywords(server_args), attention_backend="flashinfer",
         enable_deterministic_inference=True,
         chunked_prefill_size=-1 if reference else args.chunk, mem_fraction_static=args.mem_fraction_static,
         log_level=args.log_level,
     )
-    if args.memory_saver and not reference:
+    if args.memory_saver and not (reference or args.control):
         arguments.update(enable_memory_saver=True, enable_weights_cpu_backup=True)
     return arguments
 
@@ -280,6 +303,8 @@ def summary(record):
         counts = ", ".join(f"{name} {p['identical']}/{p['requests']} {label}" for name, w in verified["workloads"].items()
                            for label, p in w["passes"].items())
         lines.append(f"  verify_engine ({verified['baseline']}): {counts}")
+    if "control_failed_fraction" in record:
+        lines.append(f"  the control (grid rules off) differed on {record['control_failed_fraction']:.1%} of its requests")
     lines += [f"FAILED: {problem}" for problem in record["problems"]]
     lines.append("OK" if record["ok"] else "NOT OK")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ without their seeds) must make it exit 1; a faithful Engine passes.
 import hashlib
 import importlib.util
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,11 +35,18 @@ class RolloutEngine(EngineStandIn):
     made = []
 
     def __init__(self, fault=None, **arguments):
-        super().__init__(radix=arguments["chunked_prefill_size"] != -1)
+        super().__init__(radix=arguments["chunked_prefill_size"] != -1, perturb=self.rules_off_differ)
         self.arguments, self.fault, self.weights, self.released, self.calls = arguments, fault, None, False, []
         self.tokenizer_manager.model_config.hidden_size = 8
         self.generated, self.session = 0, False
         RolloutEngine.made.append(self)
+
+    def rules_off_differ(self, request):
+        """The plugin without its grid rules differs on long prompts (the rules' case), where the fault
+        asks for it; the grid rules' switch is read as the Engine's scheduler reads it, from the environment."""
+        if self.fault == "rules off differ" and os.environ.get("SGLANG_CHUNK_ALIGN_RULES") == "0" and len(request.tokens) > 300:
+            return "output_id", 0
+        return None
 
     def begin_weight_update(self):
         assert not self.session
@@ -203,3 +211,28 @@ def test_a_random_checkpoint_that_cannot_be_written_is_one_line_and_exit_2(engin
     engine_kind()
     code, out = run(capsys, "--weights", "random", "--checkpoints", str(tmp_path))
     assert code == 2 and out.err == "engine_rollout: stand-in holds no config.json\n" and not RolloutEngine.made
+
+
+def test_the_control_passes_where_the_rules_off_are_found_inexact_and_fails_where_not(engine_kind, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """--control: the plugin with SGLANG_CHUNK_ALIGN_RULES=0 (set before the Engine starts), no cycle, checked against
+    the reference; exit 0 with the fraction that differed, exit 1 ("could not see") where every request was identical."""
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "1")  # restored after the test: the control sets it to 0
+    engine_kind("rules off differ")
+    reference = str(tmp_path / "reference.json")
+    assert run(capsys, "--record-reference", reference)[0] == 0
+    assert run(capsys, "--recorded", reference)[0] == 0  # the plugin, rules on: identical
+    record_file = tmp_path / "control.json"
+    code, out = run(capsys, "--control", reference, "--json", str(record_file))
+    record = json.loads(record_file.read_text())
+    assert code == 0 and record["ok"] and record["role"] == "control" and not record["verify"]["ok"], out
+    assert 0 < record["control_failed_fraction"] < 1 and "control (grid rules off) differed on" in out.out
+    control = RolloutEngine.made[-1]
+    assert control.calls == ["update", "flush", "shutdown"] and "enable_memory_saver" not in control.arguments
+    assert control.arguments["chunked_prefill_size"] == 256 and os.environ["SGLANG_CHUNK_ALIGN_RULES"] == "0"
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_RULES", "1")
+    engine_kind()  # a control the check cannot tell from the reference
+    code, out = run(capsys, "--control", reference, "--json", str(record_file))
+    record = json.loads(record_file.read_text())
+    assert code == 1 and record["control_failed_fraction"] == 0, out
+    assert "FAILED: the control (grid rules off) was identical on every request: the check could not see" in out.out

@@ -18,11 +18,16 @@
 # that module (benchmarks/stand_ins/). GEMMs run SGLang's batch-invariant Triton path (sgl-deep-gemm does
 # not load on the machine's torch 2.11).
 #
-#   llama    Llama-3.1-8B's shape, the same matrix and controls at chunks 128, 256 and 1024 (not run yet);
-#   hybrid   Nemotron-H-8B's (Mamba2 + attention), the radix switch unset, at chunks 256 and 512 (not run yet).
+#   llama    Llama-3.1-8B's shape, the same matrix and controls at chunks 128, 256 and 1024;
+#   hybrid   Nemotron-H-8B's (Mamba2 + attention), the radix switch unset, at chunks 256 and 512;
+#   engine   the in-process Engine (examples/engine_rollout.py) on Qwen2.5-7B's random checkpoint: a stock
+#            unchunked reference records verify_engine's answers; the plugin (chunk 256, radix on) runs
+#            the RL cycle and is checked against them; then the control, the plugin with its grid rules
+#            off, checked the same way (it must differ).
 #
 #   usage: OUT=DIR [PY=python3] [STEPS="probe qwen"] [QWEN_LIMIT=900] [QWEN_PHASES=...] [QWEN_CHUNKS=128,256]
-#          [LLAMA_LIMIT=700] [LLAMA_CHUNKS=...] [HYBRID_LIMIT=700] [HYBRID_CHUNKS=...] bash benchmarks/logs/exactness_h200/run.sh
+#          [LLAMA_LIMIT=700] [LLAMA_CHUNKS=...] [HYBRID_LIMIT=700] [HYBRID_CHUNKS=...] [ENGINE_LIMIT=200]
+#          bash benchmarks/logs/exactness_h200/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh).
 set -u
 out=${OUT:?OUT: where the results go}
@@ -47,6 +52,12 @@ for s in $steps; do
     llama) stand_in; servers llama-3.1-8b ${LLAMA_LIMIT:-700} matrix,rules-off ${LLAMA_CHUNKS:-128,256,1024} on;;
     hybrid) servers nemotron-h-8b ${HYBRID_LIMIT:-700} matrix,rules-off ${HYBRID_CHUNKS:-256,512} default \
               --max-running-requests 32;;
+    engine) stand_in
+      engine="$py examples/engine_rollout.py --model-path benchmarks/models/qwen2.5-7b --weights random --checkpoints /tmp/checkpoints"
+      step engine-reference ${ENGINE_LIMIT:-200} $engine --record-reference "$out/engine-answers.json" \
+        --json "$out/engine-reference.json"
+      step engine-plugin ${ENGINE_LIMIT:-200} $engine --recorded "$out/engine-answers.json" --json "$out/engine-plugin.json"
+      step engine-control ${ENGINE_LIMIT:-200} $engine --control "$out/engine-answers.json" --json "$out/engine-control.json";;
   esac
 done
 echo "== all steps ended $(date +%T)"
