@@ -12,7 +12,7 @@ wrapped function's row also holds what its wrapper relies on there
 tests/test_release_wheels.py checks in every release's source.
 """
 
-from . import backends, decode_wait, prefill_hooks, releases, scheduler_hooks, split_attention, unsplit_decode
+from . import backends, decode_wait, gemms, prefill_hooks, releases, scheduler_hooks, split_attention, unsplit_decode
 from .patches import ALL_RELEASES, Declare, Wrap
 
 _ATTN = "sglang.srt.layers.attention."
@@ -100,6 +100,14 @@ PATCH_POINTS = (
          "not in a graph: past 2048 tokens its bits would depend on the batch",
          signature="self, wrapper, ..., *, fixed_split_size, disable_split_kv",
          calls=(("wrapper.begin_forward", "fixed_split_size"), ("wrapper.begin_forward", "disable_split_kv"))),
+    Wrap(gemms.KERNEL_MODULE, "_matmul_persistent_triton", gemms.per_m_config,
+         "stock launches its batch-invariant GEMM with one 128-row tile at every M: at decode sizes mostly empty rows "
+         "and idle SMs; the same kernel with a config per M, its BLOCK_K kept, is checked for stock's bits",
+         f">={releases.GEMM_CONFIGS}", signature="a, b, out_dtype, bias",
+         statements=(gemms.stock_configs_statement(),)),
+    Wrap("sglang.srt.model_executor.model_runner", "ModelRunner.configure_kv_cache_dtype", gemms.tune_at_startup,
+         "the step after SGLang turns batch-invariant ops on: the model is loaded, its CUDA graphs not yet captured; "
+         "the GEMM configs are tuned there", f">={releases.GEMM_CONFIGS}", signature="self"),
     Wrap("sglang.srt.entrypoints.engine", "Engine._launch_subprocesses", scheduler_hooks.refuse_ray_schedulers,
          "Ray scheduler actors never load plugins: refuse deterministic flashinfer there, never run stock",
          signature="cls, server_args, ..."),
@@ -185,8 +193,9 @@ def failure_guard(error):
 
 
 def reset():
-    """Forget what the scheduler hooks activated, the rules, the decode wait and the unsplit decode
-    plan: stock SGLang has none of them (patches.remove())."""
+    """Forget what the hooks activated, the rules, the decode wait, the unsplit decode plan and the
+    GEMM configs: stock SGLang has none of them (patches.remove())."""
     prefill_hooks.activate(None)
     decode_wait.activate(None)
     unsplit_decode.activate(False)
+    gemms.activate(None)

@@ -34,6 +34,9 @@ FLOOR_CHUNKED_TOKENS = "0.5.23"
 # First release whose Scheduler._should_defer_prefill is handed the running batch, through which
 # decode_wait.py bounds how long decoding requests wait behind prefill chunks.
 DECODE_WAIT = "0.5.23"
+# First release whose batch-invariant GEMM launcher takes the output dtype (_matmul_persistent_triton's
+# out_dtype), from which the plugin runs that kernel with a config per M (gemms.py).
+GEMM_CONFIGS = "0.5.20"
 # First releases with these attention backends, whose declarations the patch table adds.
 MINIMAX_HYBRID_BACKEND = "0.5.16"
 DOTS_HYBRID_BACKENDS = "0.5.19"

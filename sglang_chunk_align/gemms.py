@@ -1,0 +1,356 @@
+"""Batch-invariant GEMMs with a tile config per M: stock's bits, without stock's one big tile.
+
+SGLang's deterministic inference sends mm and addmm to batch_invariant_ops'
+persistent Triton kernel with one config per dtype (bf16: 128x128x64 tiles,
+8 warps). At decode sizes that tile is mostly empty rows, and a 4,608-wide
+GEMM has 36 tiles for 132 SMs: the GEMMs cost 3x cuBLAS there (issue 47).
+
+Each output element's sum over K is the kernel's K loop of BLOCK_K-wide
+tl.dot steps. BLOCK_M, BLOCK_N, warps and stages only choose which outputs a
+program computes and how it pipelines its loads, so the same kernel with
+those changed and BLOCK_K kept should give the same bits: measured so on the
+H200, but the compiler does not promise it. So nothing here takes it on
+trust. A config serves a GEMM shape (dtype, N, K, bias) only after it gave
+stock's bits for that shape on this GPU, at the smallest and the largest M of
+its bucket, and was faster than stock's: tuned at startup, before CUDA graphs
+are captured, from the model's own weights, or read from the cache an earlier
+process wrote on the same GPU, Triton and SGLang kernel source. Timing noise
+may pick another admitted config on another run; the bits cannot change.
+
+Shapes not tuned, M above 256 (where stock's 128-row tiles fill the GPU),
+other layouts and dtypes keep stock's config; bf16 GEMMs that SGLang sends to
+DeepGEMM (a full install on sm90 and newer) stay there, with its bits.
+SGLANG_CHUNK_ALIGN_GEMMS=1 turns this on; unset or 0 keeps stock's one config everywhere.
+"""
+
+import logging
+import os
+import time
+from typing import NamedTuple
+
+logger = logging.getLogger("sglang_chunk_align")
+
+KERNEL_MODULE = "sglang.srt.batch_invariant_ops.batch_invariant_ops"
+GROUP_SIZE_M = 8  # stock's; it orders the tiles a program visits, never a sum
+
+
+class Config(NamedTuple):
+    block_m: int
+    block_n: int
+    block_k: int
+    stages: int
+    warps: int
+
+    def launch_args(self):
+        return {"BLOCK_SIZE_M": self.block_m, "BLOCK_SIZE_N": self.block_n, "BLOCK_SIZE_K": self.block_k,
+                "GROUP_SIZE_M": GROUP_SIZE_M, "num_stages": self.stages, "num_warps": self.warps}
+
+
+# Stock's one config per input dtype, as _matmul_persistent_triton's `configs` holds it
+# (tests/test_gemms.py reads it from the installed wheel).
+STOCK = {
+    "bfloat16": Config(128, 128, 64, 3, 8),
+    "float16": Config(128, 256, 64, 3, 8),
+    "float32": Config(128, 128, 32, 3, 8),
+}
+
+
+def stock_configs_statement():
+    """STOCK as _matmul_persistent_triton writes it (ast.unparse): the patch table's row checks it in
+    every release."""
+    entries = ", ".join(f"torch.{dtype}: {config.launch_args()!r}" for dtype, config in STOCK.items())
+    return f"configs = {{{entries}}}"
+
+
+# The largest M of each bucket a config is tuned for; M above the last keeps stock's config.
+BUCKETS = (16, 32, 64, 128, 256)
+
+
+class Shape(NamedTuple):
+    """What a tuned config is proven for: b is a weight's transpose (N x K, rows contiguous), a and
+    the output have rows contiguous, the output has a's dtype."""
+    dtype: str
+    n: int
+    k: int
+    bias: bool
+
+    @property
+    def key(self):
+        return f"{self.dtype} {self.n}x{self.k}{' +bias' if self.bias else ''}"
+
+
+def bucket(m):
+    """The largest M of the bucket `m` rows fall in, or None above the last."""
+    return next((top for top in BUCKETS if m <= top), None)
+
+
+def candidates(dtype, top):
+    """Configs tried for a bucket: stock's BLOCK_K (it fixes each sum's order), tiles of about the
+    bucket's rows, 64 or 128 columns (a narrow GEMM then has work for every SM), 3 or 4 stages."""
+    block_k = STOCK[dtype].block_k
+    block_ms = [m for m in (16, 32, 64, 128) if min(top, 64) // 2 <= m <= max(top, 16)]
+    return [Config(m, n, block_k, stages, 8 if m == 128 else 4)
+            for m in block_ms for n in (64, 128) for stages in (3, 4)]
+
+
+class Table:
+    """The configs this process serves: {Shape: {bucket top: Config}}; a bucket left out keeps stock's."""
+
+    def __init__(self, configs):
+        self.configs = configs
+        self._untuned = set()  # shapes seen without a config, each reported once
+
+    def config(self, a, b, out_dtype, bias):
+        """The config for this call, or None for stock's."""
+        top = bucket(a.shape[0])
+        if top is None or out_dtype != a.dtype or a.stride(1) != 1 or b.stride(0) != 1:
+            return None
+        shape = Shape(str(a.dtype).removeprefix("torch."), b.shape[1], b.shape[0], bias is not None)
+        tuned = self.configs.get(shape)
+        if tuned is None:
+            if shape not in self._untuned:
+                self._untuned.add(shape)
+                logger.info("sglang-chunk-align: GEMM %s was not tuned at startup: stock's config", shape.key)
+            return None
+        return tuned.get(top)
+
+
+_table = None  # the Table this process's model runner tuned, or None: stock everywhere
+
+
+def activate(table):
+    global _table
+    _table = table
+
+
+def per_m_config(wrapped, instance, args, kwargs):
+    """Wraps batch_invariant_ops._matmul_persistent_triton, through which SGLang's batch-invariant
+    mm, addmm and mm.dtype reach the Triton kernel: the same kernel, with the tuned config."""
+    a, b, out_dtype, bias = _gemm_args(*args, **kwargs)
+    config = _table.config(a, b, out_dtype, bias) if _table is not None else None
+    if config is None:
+        return wrapped(*args, **kwargs)
+    return launch(a, b, out_dtype, bias, config)
+
+
+def _gemm_args(a, b, out_dtype, bias=None):
+    return a, b, out_dtype, bias
+
+
+def launch(a, b, out_dtype, bias, config):
+    """Stock's launch of stock's kernel (_matmul_persistent_triton), with `config` for its one."""
+    import torch
+    import triton
+
+    from sglang.srt.batch_invariant_ops import batch_invariant_ops as kernels
+
+    num_sms = kernels.get_device_core_count()
+    (m, k), n = a.shape, b.shape[1]
+    c = torch.empty((m, n), device=a.device, dtype=out_dtype)
+    grid = (min(num_sms, triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)),)
+    kernels.matmul_kernel_persistent[grid](
+        a, b, c, bias, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        NUM_SMS=num_sms, A_LARGE=a.numel() > 2**31, B_LARGE=b.numel() > 2**31, C_LARGE=c.numel() > 2**31,
+        HAS_BIAS=bias is not None, **config.launch_args())
+    return c
+
+
+def stock(a, b, out_dtype, bias):
+    """Stock's kernel with stock's config, the reference every candidate must match."""
+    return launch(a, b, out_dtype, bias, STOCK[str(a.dtype).removeprefix("torch.")])
+
+
+def same_bits(x, y):
+    import torch
+
+    width = {2: torch.int16, 4: torch.int32}[x.element_size()]
+    return x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.view(width), y.view(width))
+
+
+def tune(shape, weight, bias, time_config):
+    """{bucket top: Config} for `shape`, from its `weight` (N x K) and `bias`: per bucket, the
+    fastest candidate that gives stock's bits at the bucket's smallest and largest M, where it beats
+    stock's config; `time_config(config, a, b, bias)` -> seconds. Also the candidates that gave
+    other bits, sorted (a finding: the startup line names them)."""
+    import torch
+    from triton.runtime.errors import OutOfResources
+
+    generator = torch.Generator(device=weight.device).manual_seed(0)
+    rows = torch.randn(BUCKETS[-1], shape.k, generator=generator, device=weight.device).to(weight.dtype)
+    b = weight.t()
+    tuned, differing = {}, set()
+    low = 1
+    for top in BUCKETS:
+        probes = [rows[:low], rows[:top]]
+        references = [stock(a, b, a.dtype, bias) for a in probes]
+        best, best_time = None, time_config(STOCK[shape.dtype], rows[:top], b, bias)
+        for config in candidates(shape.dtype, top):
+            try:
+                outputs = [launch(a, b, a.dtype, bias, config) for a in probes]
+            except OutOfResources:  # needs more shared memory or registers than this GPU has
+                continue
+            if not all(map(same_bits, outputs, references)):
+                differing.add(config)
+                continue
+            seconds = time_config(config, rows[:top], b, bias)
+            if seconds < best_time:
+                best, best_time = config, seconds
+        if best is not None:
+            tuned[top] = best
+        low = top + 1
+    return tuned, sorted(differing)
+
+
+def model_shapes(model):
+    """{Shape: (weight, bias)} for the model's GEMMs that reach stock's Triton kernel: unquantized
+    linear layers and vocabulary projections, one module's tensors per shape."""
+    from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    shapes = {}
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(module, (LinearBase, VocabParallelEmbedding)) or weight is None or weight.dim() != 2:
+            continue
+        dtype = str(weight.dtype).removeprefix("torch.")
+        if dtype not in STOCK or _deepgemm_takes(dtype, *weight.shape):
+            continue
+        bias = getattr(module, "bias", None) if isinstance(module, LinearBase) else None
+        shapes.setdefault(Shape(dtype, weight.shape[0], weight.shape[1], bias is not None), (weight, bias))
+    return shapes
+
+
+def _deepgemm_takes(dtype, n, k):
+    """Whether SGLang sends this GEMM to DeepGEMM instead of the Triton kernel (its matmul_persistent's
+    test, for a weight's transpose)."""
+    return _deepgemm_on() and dtype == "bfloat16" and n >= 16 and (n * 2) % 16 == 0 and (k * 2) % 16 == 0
+
+
+def _deepgemm_on():
+    """Whether SGLang sends batch-invariant bf16 GEMMs to DeepGEMM on this install."""
+    from sglang.srt.batch_invariant_ops import batch_invariant_ops as kernels
+
+    return bool(kernels._ENABLE_MM_DEEPGEMM and kernels.ENABLE_JIT_DEEPGEMM)
+
+
+def tune_at_startup(wrapped, instance, args, kwargs):
+    """Wraps ModelRunner.configure_kv_cache_dtype, the step after SGLang turns batch-invariant ops
+    on (ModelRunner.initialize): the model is loaded, its KV cache not yet sized, its CUDA graphs
+    not yet captured. Tunes once per process."""
+    from sglang.srt.batch_invariant_ops import is_batch_invariant_mode_enabled
+
+    if is_batch_invariant_mode_enabled():  # a draft model's runner adds its shapes
+        activate(startup_table(instance.model, _table.configs if _table is not None else {}))
+    return wrapped(*args, **kwargs)
+
+
+def startup_table(model, known, tune_shape=None):
+    """The Table for `model` and the `known` {Shape: configs} (None where the switch keeps stock's
+    config), and the startup line. `tune_shape(shape, weight, bias)` -> tune()'s answer; None: tune()
+    on this GPU's clock."""
+    from .compat import GEMMS_ENV, SWITCHES, env_flag
+
+    if not env_flag(GEMMS_ENV, SWITCHES[GEMMS_ENV]):
+        logger.info("sglang-chunk-align: batch-invariant GEMMs keep stock's one config (%s=1 tunes one per M)",
+                    GEMMS_ENV)
+        return None
+    import torch
+
+    tune_shape = tune_shape or (lambda shape, weight, bias: tune(shape, weight, bias, _gpu_seconds))
+    shapes = model_shapes(model)
+    path = cache_path(next(iter(shapes.values()))[0].device) if shapes else None
+    cached = {**(read_cache(path) if path else {}), **known}
+    started, configs, notes = time.monotonic(), {}, []
+    for shape, (weight, bias) in shapes.items():
+        if shape in cached:
+            configs[shape] = cached[shape]
+            continue
+        try:
+            configs[shape], differing = tune_shape(shape, weight, bias)
+        except Exception as error:  # a shape that cannot be tuned keeps stock's config, and the line says why
+            notes.append(f"{shape.key} keeps stock's config: tuning failed ({type(error).__name__}: {error})")
+            continue
+        notes.extend(f"{shape.key}: {config} gave bits other than stock's, not used" for config in differing)
+    torch.cuda.empty_cache()
+    fresh = configs.keys() - cached.keys()
+    if fresh:
+        write_cache(path, {**cached, **configs})
+    _log_startup(shapes, configs, len(fresh), time.monotonic() - started, path, notes)
+    return Table(configs)
+
+
+def _log_startup(shapes, configs, fresh, seconds, path, notes):
+    faster = sorted(shape.key for shape, tuned in configs.items() if tuned)
+    logger.info(
+        "sglang-chunk-align: batch-invariant GEMMs run stock's kernel with a tile config per M for %d of the "
+        "model's %d Triton GEMM shapes (%s), each checked for stock's bits on this GPU (%d tuned in %.1f s, "
+        "%d read from %s); M above %d, the other shapes%s keep stock's config",
+        len(faster), len(shapes), ", ".join(faster) or "none faster", fresh, seconds, len(configs) - fresh, path,
+        BUCKETS[-1], " and bf16 GEMMs on DeepGEMM" if _deepgemm_on() else "")
+    for note in notes:
+        logger.warning("sglang-chunk-align: GEMM %s", note)
+
+
+def _gpu_seconds(config, a, b, bias):
+    import triton.testing
+
+    return triton.testing.do_bench(lambda: launch(a, b, a.dtype, bias, config), warmup=5, rep=20,
+                                   return_mode="median") / 1000
+
+
+def cache_path(device):
+    """Where tuned configs for this GPU, Triton and SGLang kernel source are kept:
+    $XDG_CACHE_HOME (or ~/.cache)/sglang-chunk-align/gemms/<fingerprint>.json."""
+    import hashlib
+
+    import torch
+    import triton
+
+    from sglang.srt.batch_invariant_ops import batch_invariant_ops as kernels
+
+    with open(kernels.__file__, "rb") as source:
+        fingerprint = hashlib.sha256(source.read())
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    fingerprint.update(f"{gpu} {triton.__version__}".encode())
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "sglang-chunk-align", "gemms", f"{fingerprint.hexdigest()[:16]}.json")
+
+
+def read_cache(path):
+    """{Shape: {bucket top: Config}} from `path`; {} where it is absent or unreadable (a WARNING says
+    so). A config with another BLOCK_K than stock's, which would change the bits, is dropped."""
+    import json
+
+    try:
+        with open(path) as cache:
+            entries = json.load(cache)
+        return {
+            Shape(**entry["shape"]): {
+                int(top): config for top, fields in entry["configs"].items()
+                if (config := Config(*fields)) in candidates(entry["shape"]["dtype"], int(top))
+            }
+            for entry in entries
+        }
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        logger.warning("sglang-chunk-align: ignoring the GEMM cache %s (%s): tuning again", path, error)
+        return {}
+
+
+def write_cache(path, configs):
+    """Write `configs` to `path` whole or not at all (ranks of one server share it); a WARNING where
+    it cannot, and the configs still serve this process."""
+    import json
+    import tempfile
+
+    entries = [{"shape": shape._asdict(), "configs": {str(top): list(config) for top, config in tuned.items()}}
+               for shape, tuned in configs.items()]
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), suffix=".tmp", delete=False) as temporary:
+            json.dump(entries, temporary, indent=1)
+        os.replace(temporary.name, path)
+    except OSError as error:
+        logger.warning("sglang-chunk-align: could not write the GEMM cache %s (%s): the next start tunes again",
+                       path, error)
