@@ -1,0 +1,50 @@
+"""benchmarks/gemm_configs.py's plan and verdict, without a GPU: the GEMM shapes it reads from
+benchmarks/models' configs, the configs it proves, and a verdict that fails where any config
+differs from stock, where stock is batch-variant, or where the cuBLAS control could not be seen.
+(Its run under Triton's interpreter: TRITON_INTERPRET=1 python3 -m benchmarks.gemm_configs --stand-in.)"""
+
+import pytest
+
+from benchmarks import gemm_configs
+from sglang_chunk_align import gemms
+
+
+def test_qwen_gemms_are_its_layers_at_tp1():
+    found = {layer: (shape, per_step) for layer, shape, per_step in gemm_configs.model_gemms("qwen2.5-7b", "bfloat16")}
+    assert found == {
+        "qkv": (gemms.Shape("bfloat16", (28 + 2 * 4) * 128, 3584, True), 28),  # Qwen2 projects q, k, v with a bias
+        "o": (gemms.Shape("bfloat16", 3584, 3584, False), 28),
+        "gate_up": (gemms.Shape("bfloat16", 2 * 18944, 3584, False), 28),
+        "down": (gemms.Shape("bfloat16", 3584, 18944, False), 28),
+        "lm_head": (gemms.Shape("bfloat16", 152064, 3584, False), 1),
+    }
+
+
+def test_moe_experts_are_not_gemms_here_but_the_router_is_and_the_vocabulary_is_padded():
+    found = {layer: shape for layer, shape, _ in gemm_configs.model_gemms("qwen3-30b-a3b", "float16")}
+    assert set(found) == {"qkv", "o", "router", "lm_head"}
+    assert found["router"] == gemms.Shape("float16", 128, 2048, False)
+    granite = {layer: shape for layer, shape, _ in gemm_configs.model_gemms("granite-3.1-8b", "bfloat16")}
+    assert granite["lm_head"].n == 49216  # 49,155 padded to a multiple of 64
+
+
+def test_the_proof_covers_every_tunable_config_and_more():
+    for dtype in gemms.STOCK:
+        tunable = {c for top in gemms.BUCKETS for c in gemms.candidates(dtype, top)}
+        proven = set(gemm_configs.proven_configs(dtype))
+        assert tunable < proven and {c.block_k for c in proven} == {gemms.STOCK[dtype].block_k}
+
+
+SOUND = {"configs_differing": {}, "stock_rows_differ_from_its_largest_m": [],
+         "cublas_differs_from_stock_at": [1, 64], "cublas_rows_differ_from_its_largest_m": []}
+
+
+@pytest.mark.parametrize("fault, holds", [
+    ({}, True),
+    ({"configs_differing": {"[16, 64, 64, 3, 4]": [1]}}, False),
+    ({"stock_rows_differ_from_its_largest_m": [7]}, False),
+    ({"cublas_differs_from_stock_at": []}, False),  # the control could not be seen
+])
+def test_the_verdict_holds_only_with_stock_bits_everywhere_and_the_control_seen(fault, holds):
+    verdict = gemm_configs.verdict([{**SOUND, **fault}])
+    assert (verdict["bit_compatible"] and verdict["control_seen"]) is holds
