@@ -110,6 +110,11 @@ SETUPS = {
     "plugin-256-no-split": Setup("plugin, chunk 256, radix cache, split attention off (requests wait to keep "
                                  "each batch on one tile, as before issue 32)", 256,
                                  {**PLUGIN, "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION": "0"}),
+    # Batch-invariant GEMMs with a tile config per M (docs/gemms.md): stock's bits, so stock's reference checks them.
+    "plugin-256-gemms": Setup("plugin, chunk 256, radix cache, the plugin's defaults and GEMM configs per M", 256,
+                              {**PLUGIN, "SGLANG_CHUNK_ALIGN_GEMMS": "1"}),
+    "triton-256-gemms": Setup("stock deterministic triton, chunk 256, radix cache, the plugin's GEMM configs per M",
+                              256, {**PLUGIN, "SGLANG_CHUNK_ALIGN_GEMMS": "1"}, backend="triton", reference="triton"),
 }
 BASELINES = ("stock-4096", "triton-256", "plugin-256-no-split")  # the ratios' denominators
 # Lengths probed alone after the checks: around where a chunk's fa2 split partials outgrow the workspace.

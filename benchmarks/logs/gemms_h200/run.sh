@@ -1,0 +1,45 @@
+#!/bin/bash
+# Issue 47's H200 run, planned whole before the machine is taken: each step in order of importance, under a
+# time limit (SIGINT, so each script stops its servers and writes its JSON), every result and log written
+# into OUT in the step that made it. GEMMs run SGLang's batch-invariant Triton path: sgl-deep-gemm does not
+# load on the machine's torch 2.11, where a full SGLang 0.5.23 install on sm90 sends bf16 GEMMs to DeepGEMM.
+#
+#   bits     tests/gpu/test_gemm_bits.py: every config the plugin may tune against stock's bits at M 1-4,096
+#            on Qwen2.5-7B's qkv and down, bf16 and fp16, cuBLAS the control that must differ;
+#   micro    benchmarks/gemm_configs.py: every GEMM of six model families, 20 configs each against stock's
+#            bits at M up to 16,384, the plugin's tuner, and stock/tuned/cuBLAS times at M up to 256;
+#   profile  benchmarks/profile_determinism.py on Qwen2.5-7B's random checkpoint: one decode step of 64
+#            requests with 2k tokens of context, the plugin's defaults with stock's GEMM config and with
+#            SGLANG_CHUNK_ALIGN_GEMMS=1, beside non-deterministic flashinfer;
+#   serving  benchmarks/serving.py on the same checkpoint, rollouts and agents: the same three setups and
+#            deterministic triton with and without the GEMM configs, each deterministic setup verified.
+#
+#   usage: OUT=DIR [PY=python3] [STEPS="bits micro profile serving"] [MICRO_MODELS="qwen2.5-7b ..."]
+#          bash benchmarks/logs/gemms_h200/run.sh
+# From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). Planned
+# durations (a warm machine; the first compiles of SGLang's kernel with each config dominate bits and micro):
+# bits about 3 min, micro about 8 min, profile about 5 min (three servers side by side), serving 12-14 min.
+set -u
+out=${OUT:?OUT: where the results go}
+py=${PY:-python3}
+steps=${STEPS:-bits micro profile serving}
+qwen=benchmarks/models/qwen2.5-7b
+weights="--weights random --checkpoints /tmp/checkpoints"
+mkdir -p "$out"
+. benchmarks/logs/gpu_steps.sh
+record_stack ""
+for s in $steps; do
+  case $s in
+    bits) step gemm-bits 420 $py -m pytest -q -n 0 -rs tests/gpu/test_gemm_bits.py;;
+    micro) step gemm-configs 900 $py -m benchmarks.gemm_configs ${MICRO_MODELS:+--models $MICRO_MODELS} \
+             --json "$out/gemm_configs.json";;
+    profile) stand_in; step profile 420 $py benchmarks/profile_determinism.py --model-path $qwen $weights \
+               --setups plugin-256-defaults,plugin-256-gemms,nondet-256 --out "$out/profile.json" \
+               --logs "$out/profile-logs";;
+    serving) stand_in; step serving 840 $py benchmarks/serving.py --model-path $qwen $weights \
+               --setups plugin-256-defaults,plugin-256-gemms,nondet-256,triton-256,triton-256-gemms \
+               --workloads rl,agent --repeat-setups "" --skip-long-prompts --deadline-s 700 \
+               --out "$out/serving.json" --logs "$out/serving-logs";;
+  esac
+done
+echo "== all steps ended $(date +%T)"
