@@ -4,7 +4,7 @@ other tile configs, BLOCK_K kept, and how fast is it with the configs the plugin
 For every GEMM that reaches SGLang's Triton kernel in the models of MODELS (qkv, o, gate_up, down,
 the MoE router and the vocabulary projection, TP 1; gemms.model_shapes' layers), in bf16 and fp16:
 
-- bits: SGLang's kernel with each config of PROVEN_CONFIGS (every config the plugin may tune, and
+- bits: SGLang's kernel with each config of proven_configs() (every config the plugin may tune, and
   wider ones) against stock's config, at every M of ROWS up to 16,384; and stock's own rows at each
   M against its rows at the largest M (batch invariance). cuBLAS (torch's F.linear, SGLang's GEMM
   outside deterministic inference) is the control that must fail: its bits against stock's, and its
@@ -40,11 +40,12 @@ STAND_IN_ROWS = (1, 3, 16, 24, 64, 100, 256, 300)
 
 
 def proven_configs(dtype):
-    """Every config the plugin may tune for `dtype`, then wider ones (256 columns, 5 stages, 8 warps)."""
+    """Every config the plugin may tune for `dtype`, then wider ones (16 and 256 columns, 5 stages, 8 warps)."""
     tunable = {c for top in gemms.BUCKETS for c in gemms.candidates(dtype, top)}
     block_k = gemms.STOCK[dtype].block_k
-    wider = {gemms.Config(16, 256, block_k, 3, 4), gemms.Config(32, 64, block_k, 5, 4),
-             gemms.Config(64, 128, block_k, 4, 8), gemms.Config(128, 256, block_k, 3, 8)}
+    wider = {gemms.Config(16, 16, block_k, 4, 4), gemms.Config(16, 256, block_k, 3, 4),
+             gemms.Config(32, 64, block_k, 5, 4), gemms.Config(64, 128, block_k, 4, 8),
+             gemms.Config(128, 256, block_k, 3, 8)}
     return sorted(tunable | wider)
 
 

@@ -86,11 +86,14 @@ def bucket(m):
 
 def candidates(dtype, top):
     """Configs tried for a bucket: stock's BLOCK_K (it fixes each sum's order), tiles of about the
-    bucket's rows, 64 or 128 columns (a narrow GEMM then has work for every SM), 3 or 4 stages."""
+    bucket's rows, 3 or 4 stages, and 64 or 128 columns, or 32 up to 64 rows: at decode sizes a GEMM
+    is a stream of its weight, and narrow tiles give every SM a part of it (4,608 columns are 144
+    tiles of 32 for the H200's 132 SMs, 36 of stock's 128)."""
     block_k = STOCK[dtype].block_k
     block_ms = [m for m in (16, 32, 64, 128) if min(top, 64) // 2 <= m <= max(top, 16)]
+    block_ns = (32, 64, 128) if top <= 64 else (64, 128)
     return [Config(m, n, block_k, stages, 8 if m == 128 else 4)
-            for m in block_ms for n in (64, 128) for stages in (3, 4)]
+            for m in block_ms for n in block_ns for stages in (3, 4)]
 
 
 class Table:

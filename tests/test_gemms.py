@@ -78,13 +78,13 @@ def interpreted():
 
 def test_the_tuner_keeps_stock_block_k_and_refuses_a_config_with_other_bits(interpreted):
     assert interpreted["differing"] == [[16, 64, 32, 3, 4]]
-    # The stand-in clock's fastest admitted config per bucket: 64 columns, 3 stages, the smallest rows offered.
-    assert interpreted["tuned"] == {"16": [16, 64, 64, 3, 4], "32": [16, 64, 64, 3, 4], "64": [32, 64, 64, 3, 4],
+    # The stand-in clock's fastest admitted config per bucket: the fewest columns offered, 3 stages, the fewest rows.
+    assert interpreted["tuned"] == {"16": [16, 32, 64, 3, 4], "32": [16, 32, 64, 3, 4], "64": [32, 32, 64, 3, 4],
                                     "128": [32, 64, 64, 3, 4], "256": [32, 64, 64, 3, 4]}
 
 
-@pytest.mark.parametrize("rows, config", [(1, [16, 64, 64, 3, 4]), (5, [16, 64, 64, 3, 4]),
-                                          (17, [16, 64, 64, 3, 4]), (200, [32, 64, 64, 3, 4]), (300, None)])
+@pytest.mark.parametrize("rows, config", [(1, [16, 32, 64, 3, 4]), (5, [16, 32, 64, 3, 4]),
+                                          (17, [16, 32, 64, 3, 4]), (200, [32, 64, 64, 3, 4]), (300, None)])
 def test_sglang_matmul_runs_the_bucket_config_with_stock_bits(interpreted, rows, config):
     served = interpreted["rows"][str(rows)]
     assert served["configs"] == ([config] if config else [])  # above 256 rows: stock's own launch

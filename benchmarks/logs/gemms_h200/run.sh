@@ -6,7 +6,7 @@
 #
 #   bits     tests/gpu/test_gemm_bits.py: every config the plugin may tune against stock's bits at M 1-4,096
 #            on Qwen2.5-7B's qkv and down, bf16 and fp16, cuBLAS the control that must differ;
-#   micro    benchmarks/gemm_configs.py: every GEMM of six model families, 20 configs each against stock's
+#   micro    benchmarks/gemm_configs.py: every GEMM of six model families, 27 configs each against stock's
 #            bits at M up to 16,384, the plugin's tuner, and stock/tuned/cuBLAS times at M up to 256;
 #   profile  benchmarks/profile_determinism.py on Qwen2.5-7B's random checkpoint: one decode step of 64
 #            requests with 2k tokens of context, the plugin's defaults with stock's GEMM config and with
