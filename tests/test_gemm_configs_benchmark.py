@@ -1,11 +1,12 @@
-"""benchmarks/gemm_configs.py's plan and verdict, without a GPU: the GEMM shapes it reads from
-benchmarks/models' configs, the configs it proves, and a verdict that fails where any config
-differs from stock, where stock is batch-variant, or where the cuBLAS control could not be seen.
-(Its run under Triton's interpreter: TRITON_INTERPRET=1 python3 -m benchmarks.gemm_configs --stand-in.)"""
+"""benchmarks/gemm_configs.py's and probe_split_k.py's plans and verdicts, without a GPU: the GEMM
+shapes read from benchmarks/models' configs, the configs proven, and verdicts that fail where any
+config differs from stock, where stock or a fixed split is batch-variant, or where a control could
+not be seen. (Their runs under Triton's interpreter: TRITON_INTERPRET=1 python3 -m
+benchmarks.gemm_configs --stand-in, and the same for benchmarks.probe_split_k.)"""
 
 import pytest
 
-from benchmarks import gemm_configs
+from benchmarks import gemm_configs, probe_split_k
 from sglang_chunk_align import gemms
 
 
@@ -48,3 +49,27 @@ SOUND = {"configs_differing": {}, "stock_rows_differ_from_its_largest_m": [],
 def test_the_verdict_holds_only_with_stock_bits_everywhere_and_the_control_seen(fault, holds):
     verdict = gemm_configs.verdict([{**SOUND, **fault}])
     assert (verdict["bit_compatible"] and verdict["control_seen"]) is holds
+
+
+def _split_k_shape(fault=None):
+    check = {splits: {"rows_differ_from_largest_m": [], "rows_differ_from_alone": [],
+                      "differs_from_stock_at": [] if splits == 1 else [1]} for splits in probe_split_k.SPLITS}
+    check["control_rows_differ_from_largest_m"] = [3]
+    for key, value in (fault or {}).items():
+        if isinstance(key, tuple):
+            check[key[0]][key[1]] = value
+        else:
+            check[key] = value
+    return {"check": check}
+
+
+@pytest.mark.parametrize("fault, holds", [
+    (None, True),
+    ({(4, "rows_differ_from_largest_m"): [64]}, False),  # a split whose rows change with the batch
+    ({(2, "rows_differ_from_alone"): [17]}, False),
+    ({(1, "differs_from_stock_at"): [1]}, False),  # one split must be stock's own sum
+    ({"control_rows_differ_from_largest_m": []}, False),  # the split chosen by M went unseen
+])
+def test_the_split_k_probe_holds_only_batch_invariant_with_its_controls_seen(fault, holds):
+    verdict = probe_split_k.verdict([_split_k_shape(fault)])
+    assert all(verdict.values()) is holds

@@ -8,21 +8,23 @@
 #            on Qwen2.5-7B's qkv and down, bf16 and fp16, cuBLAS the control that must differ;
 #   micro    benchmarks/gemm_configs.py: every GEMM of six model families, 27 configs each against stock's
 #            bits at M up to 16,384, the plugin's tuner, and stock/tuned/cuBLAS times at M up to 256;
+#   splitk   benchmarks/probe_split_k.py: fast mode measured before it is built, a split-K fixed per shape at
+#            1, 2, 4 and 8 splits on Qwen2.5-7B's GEMMs, batch invariance, bits, time against the tuned configs;
 #   profile  benchmarks/profile_determinism.py on Qwen2.5-7B's random checkpoint: one decode step of 64
 #            requests with 2k tokens of context, the plugin's defaults with stock's GEMM config and with
 #            SGLANG_CHUNK_ALIGN_GEMMS=1, beside non-deterministic flashinfer;
 #   serving  benchmarks/serving.py on the same checkpoint, rollouts and agents: the same three setups and
 #            deterministic triton with and without the GEMM configs, each deterministic setup verified.
 #
-#   usage: OUT=DIR [PY=python3] [STEPS="bits micro profile serving"] [MICRO_MODELS="qwen2.5-7b ..."]
+#   usage: OUT=DIR [PY=python3] [STEPS="bits micro splitk profile serving"] [MICRO_MODELS="qwen2.5-7b ..."]
 #          bash benchmarks/logs/gemms_h200/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). Planned
 # durations (a warm machine; the first compiles of SGLang's kernel with each config dominate bits and micro):
-# bits about 3 min, micro about 8 min, profile about 5 min (three servers side by side), serving 12-14 min.
+# bits about 3 min, micro about 8 min, splitk about 2 min, profile about 5 min (three servers side by side), serving 12-14 min.
 set -u
 out=${OUT:?OUT: where the results go}
 py=${PY:-python3}
-steps=${STEPS:-bits micro profile serving}
+steps=${STEPS:-bits micro splitk profile serving}
 qwen=benchmarks/models/qwen2.5-7b
 weights="--weights random --checkpoints /tmp/checkpoints"
 mkdir -p "$out"
@@ -33,6 +35,7 @@ for s in $steps; do
     bits) step gemm-bits 420 $py -m pytest -q -n 0 -rs tests/gpu/test_gemm_bits.py;;
     micro) step gemm-configs 900 $py -m benchmarks.gemm_configs ${MICRO_MODELS:+--models $MICRO_MODELS} \
              --json "$out/gemm_configs.json";;
+    splitk) step probe-split-k 300 $py -m benchmarks.probe_split_k --json "$out/probe_split_k.json";;
     profile) stand_in; step profile 420 $py benchmarks/profile_determinism.py --model-path $qwen $weights \
                --setups plugin-256-defaults,plugin-256-gemms,nondet-256 --out "$out/profile.json" \
                --logs "$out/profile-logs";;
