@@ -24,7 +24,6 @@ tiny shapes under Triton's interpreter, timed by the wall clock: the checks, not
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -231,19 +230,40 @@ def environment(bench):
             "gemm_path": "SGLang's batch-invariant Triton kernel (DeepGEMM not loaded)"}
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def probe_parser(doc):
+    """A GEMM probe's arguments: --json and --stand-in."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--json", help="write the JSON document here too")
-    parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
-    parser.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
     parser.add_argument("--stand-in", action="store_true",
                         help="tiny shapes under TRITON_INTERPRET=1 on a CPU: the checks, not the speed")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def bench_for(parser, args):
+    """The Bench `args` ask for, or None where there is no GPU to run it (said on stderr)."""
     if args.stand_in != (os.environ.get("TRITON_INTERPRET") == "1"):
         parser.error("--stand-in runs under TRITON_INTERPRET=1, and only it does")
     bench = Bench(args.stand_in)
     if not args.stand_in and not bench.torch.cuda.is_available():
         print("needs a CUDA GPU (or --stand-in under TRITON_INTERPRET=1)", file=sys.stderr)
+        return None
+    return bench
+
+
+def write_json(path, doc):
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as file:
+            json.dump(doc, file, indent=1)
+
+
+def main(argv=None):
+    parser = probe_parser(__doc__)
+    parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    parser.add_argument("--dtypes", nargs="+", default=DTYPES, choices=DTYPES)
+    args = parser.parse_args(argv)
+    bench = bench_for(parser, args)
+    if bench is None:
         return 2
     started = time.monotonic()
     results, shapes = measure(bench, ["stand-in"] if args.stand_in else args.models, args.dtypes)
@@ -252,10 +272,7 @@ def main(argv=None):
            "decode_step_gemms": decode_step_gemms(results, shapes, DECODE_BATCH),
            "seconds": round(time.monotonic() - started, 1)}
     print(summary(doc))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as file:
-            json.dump(doc, file, indent=1)
+    write_json(args.json, doc)
     return 0 if doc["verdict"]["bit_compatible"] and doc["verdict"]["control_seen"] else 1
 
 

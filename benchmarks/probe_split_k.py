@@ -27,15 +27,13 @@ On a CPU: TRITON_INTERPRET=1 python3 -m benchmarks.probe_split_k --stand-in (tin
 checks only).
 """
 
-import argparse
 import json
-import os
 import sys
 
 import triton
 import triton.language as tl
 
-from benchmarks.gemm_configs import Bench, model_gemms
+from benchmarks.gemm_configs import bench_for, model_gemms, probe_parser, write_json
 from sglang_chunk_align import gemms
 
 SPLITS = (1, 2, 4, 8)
@@ -161,16 +159,10 @@ def verdict(shapes):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", help="write the JSON document here too")
-    parser.add_argument("--stand-in", action="store_true",
-                        help="tiny shapes under TRITON_INTERPRET=1 on a CPU: the checks, not the speed")
+    parser = probe_parser(__doc__)
     args = parser.parse_args(argv)
-    if args.stand_in != (os.environ.get("TRITON_INTERPRET") == "1"):
-        parser.error("--stand-in runs under TRITON_INTERPRET=1, and only it does")
-    bench = Bench(args.stand_in)
-    if not args.stand_in and not bench.torch.cuda.is_available():
-        print("needs a CUDA GPU (or --stand-in under TRITON_INTERPRET=1)", file=sys.stderr)
+    bench = bench_for(parser, args)
+    if bench is None:
         return 2
     rows, timed_rows = (STAND_IN_ROWS, STAND_IN_ROWS[:2]) if args.stand_in else (ROWS, TIMED_ROWS)
     found = STAND_IN_GEMMS if args.stand_in else [(layer, shape) for layer, shape, _ in model_gemms("qwen2.5-7b", "bfloat16")]
@@ -188,10 +180,7 @@ def main(argv=None):
         for m, t in s["timed"].items():
             print(f"{s['layer']:>8} M={m:>3}: " + ", ".join(
                 f"{key[:-2]} {t[key] / t['cublas_s']:.2f}x" for key in t if key != "cublas_s") + " cuBLAS")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as file:
-            json.dump(doc, file, indent=1)
+    write_json(args.json, doc)
     v = doc["verdict"]
     return 0 if v["batch_invariant_at_every_split"] and v["one_split_gives_stock_bits"] and v["control_seen"] else 1
 
