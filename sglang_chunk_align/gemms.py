@@ -261,8 +261,12 @@ def startup_table(model, known, tune_shape=None):
 
     tune_shape = tune_shape or (lambda shape, weight, bias: tune(shape, weight, bias, _gpu_seconds))
     shapes = model_shapes(model)
-    path = cache_path(next(iter(shapes.values()))[0].device) if shapes else None
-    cached = {**(read_cache(path) if path else {}), **known}
+    if not shapes:
+        logger.info("sglang-chunk-align: no GEMM of this model reaches SGLang's Triton kernel%s: nothing to tune",
+                    " (bf16 GEMMs run on DeepGEMM)" if _deepgemm_on() else "")
+        return Table(dict(known))
+    path = cache_path(next(iter(shapes.values()))[0].device)
+    cached = {**read_cache(path), **known}
     started, configs, notes = time.monotonic(), {}, []
     for shape, (weight, bias) in shapes.items():
         if shape in cached:

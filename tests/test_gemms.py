@@ -219,6 +219,17 @@ def test_the_startup_line_counts_tuned_and_cached_shapes_and_names_other_bits(mo
     assert again.configs == table.configs
 
 
+def test_a_model_without_triton_gemms_tunes_nothing_and_says_so(monkeypatch, caplog):
+    import torch
+
+    monkeypatch.setenv(GEMMS_ENV, "1")
+    with caplog.at_level(logging.INFO, logger="sglang_chunk_align"):
+        table = gemms.startup_table(torch.nn.Sequential(torch.nn.Linear(8, 8)), known={},
+                                    tune_shape=lambda *shape: pytest.fail("nothing to tune"))
+    assert table.configs == {}
+    assert "no GEMM of this model reaches SGLang's Triton kernel: nothing to tune" in caplog.text
+
+
 def test_a_shape_that_cannot_be_tuned_keeps_stock_config_and_says_why(monkeypatch, tmp_path, caplog):
     import torch
 
