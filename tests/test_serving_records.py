@@ -155,12 +155,27 @@ def test_granites_second_run_table_and_cost_are_the_record():
     assert recorded["plugin-256-defaults"]["env"] == {"SGLANG_PLUGINS": "chunk_align"}
 
 
-def prefill_steps(name):
-    """(steps, tokens) of the 'Prefill batch' lines in a Qwen server's log."""
+def prefill_batches(name):
+    """[(new tokens, whether a CUDA graph replayed it)] of the 'Prefill batch' lines in a Qwen server's log."""
     with tarfile.open(QWEN / "server_logs.tgz") as logs:
         text = logs.extractfile(f"qwen-logs/{name}.log").read().decode()
-    rows = re.findall(r"Prefill batch, #new-seq: \d+, #new-token: (\d+)", text)
-    return len(rows), sum(map(int, rows))
+    return [(int(tokens), graph == "True") for tokens, graph in
+            re.findall(r"Prefill batch, #new-seq: \d+, #new-token: (\d+),.*?cuda graph: (True|False)", text)]
+
+
+def prefill_steps(name):
+    """(steps, tokens) of the 'Prefill batch' lines in a Qwen server's log."""
+    batches = prefill_batches(name)
+    return len(batches), sum(tokens for tokens, _ in batches)
+
+
+def test_the_prefill_graph_replays_the_docs_give_are_the_server_logs():
+    said = " ".join(BENCH_README.split())
+    for name, who in (("plugin-256-defaults", "the plugin's"), ("triton-256", "triton's"),
+                      ("nondet-256", "non-deterministic flashinfer's")):
+        batches = prefill_batches(name)
+        assert f"{sum(graph for _, graph in batches)} of {who} {len(batches)}" in said
+        assert {tokens for tokens, graph in batches if not graph} == {1}  # "the steps that did not are 1-token extends"
 
 
 def test_the_prefill_step_counts_the_docs_give_are_the_server_logs():
