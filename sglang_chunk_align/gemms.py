@@ -239,10 +239,14 @@ def _deepgemm_on():
 def tune_at_startup(wrapped, instance, args, kwargs):
     """Wraps ModelRunner.configure_kv_cache_dtype, the step after SGLang turns batch-invariant ops
     on (ModelRunner.initialize): the model is loaded, its KV cache not yet sized, its CUDA graphs
-    not yet captured. Tunes once per process."""
+    not yet captured. Each shape is tuned once per process: a second runner (a draft model's)
+    keeps the first one's configs and adds its own shapes'."""
+    import torch
+
     from sglang.srt.batch_invariant_ops import is_batch_invariant_mode_enabled
 
-    if is_batch_invariant_mode_enabled():  # a draft model's runner adds its shapes
+    # CUDA (or ROCm) only: elsewhere (NPU) SGLang's batch-invariant GEMMs are not the Triton kernel.
+    if is_batch_invariant_mode_enabled() and torch.cuda.is_available():
         activate(startup_table(instance.model, _table.configs if _table is not None else {}))
     return wrapped(*args, **kwargs)
 

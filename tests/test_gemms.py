@@ -248,3 +248,22 @@ def test_a_shape_that_cannot_be_tuned_keeps_stock_config_and_says_why(monkeypatc
     assert table.configs == {}
     assert ("GEMM float16 96x128 keeps stock's config: tuning failed (OutOfMemoryError: CUDA out of memory)"
             in caplog.text)
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_startup_tunes_nothing_without_batch_invariant_mode_or_a_cuda_gpu(batch_invariant, monkeypatch):
+    """The SGLang hook (ModelRunner.configure_kv_cache_dtype) on this CPU machine: stock's step runs,
+    and no table is made, whether SGLang's batch-invariant mode is on or not (on NPUs those GEMMs are
+    not the Triton kernel). Its tuning on a GPU is tests/gpu/test_gemm_bits.py's."""
+    from types import SimpleNamespace
+
+    from sglang.srt.batch_invariant_ops import batch_invariant_ops as kernels
+    from sglang.srt.batch_invariant_ops import is_batch_invariant_mode_enabled
+
+    monkeypatch.setenv(GEMMS_ENV, "1")
+    # SGLang's own flag: its enable_batch_invariant_mode() refuses a machine without an accelerator.
+    monkeypatch.setattr(kernels, "_batch_invariant_MODE", batch_invariant)
+    assert is_batch_invariant_mode_enabled() is batch_invariant
+    runner = SimpleNamespace(model=None)  # a model would be read only if tuning ran
+    assert gemms.tune_at_startup(lambda: "stock's step", runner, (), {}) == "stock's step"
+    assert gemms._table is None

@@ -75,3 +75,34 @@ def test_the_tuner_admits_only_stock_bits_on_this_gpu(gemm):
         config = tuned.get(gemms.bucket(m))
         if config is not None:
             assert gemms.same_bits(gemms.launch(a[:m], weight.t(), a.dtype, bias, config), stock[m])
+
+
+def test_sglang_linear_layers_run_the_tuned_configs_with_stock_bits(monkeypatch):
+    """The plugin's path end to end on this GPU: its startup hook tunes a real SGLang linear layer
+    under SGLang's batch-invariant mode, and F.linear (aten::addmm, SGLang's registered kernel)
+    then runs the bucket's config (stock's where none was faster), with stock's bits, at decode sizes."""
+    import torch
+
+    from sglang.srt.batch_invariant_ops import set_batch_invariant_mode
+    from sglang.srt.layers.linear import ReplicatedLinear
+    from sglang_chunk_align import patch_table, patches
+    from sglang_chunk_align.compat import GEMMS_ENV
+
+    monkeypatch.setenv(GEMMS_ENV, "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/tmp/sglang-chunk-align-gpu-test-cache")
+    layer = ReplicatedLinear(3584, 4608, bias=True, params_dtype=torch.bfloat16).cuda()
+    torch.nn.init.normal_(layer.weight, std=0.02)
+    torch.nn.init.normal_(layer.bias, std=0.02)
+    runner = type("Runner", (), {"model": torch.nn.Sequential(layer)})()
+    patches.apply(patch_table)
+    try:
+        with set_batch_invariant_mode(True):
+            gemms.tune_at_startup(lambda: None, runner, (), {})
+            shape = gemms.Shape("bfloat16", 4608, 3584, True)
+            assert shape in gemms._table.configs
+            for m in (1, 16, 64):
+                a = torch.randn(m, 3584, device="cuda").to(torch.bfloat16)
+                served = torch.nn.functional.linear(a, layer.weight, layer.bias)
+                assert gemms.same_bits(served, gemms.stock(a, layer.weight.t(), a.dtype, layer.bias))
+    finally:
+        patches.remove()
