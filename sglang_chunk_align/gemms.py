@@ -11,8 +11,8 @@ program computes and how it pipelines its loads, so the same kernel with
 those changed and BLOCK_K kept should give the same bits: measured so on the
 H200, but the compiler does not promise it. So nothing here takes it on
 trust. A config serves a GEMM shape (dtype, N, K, bias) only after it gave
-stock's bits for that shape on this GPU, at the smallest and the largest M of
-its bucket, and was faster than stock's: tuned at startup, before CUDA graphs
+stock's bits for that shape on this GPU at its bucket's probe M (probe_rows),
+and was faster than stock's: tuned at startup, before CUDA graphs
 are captured, from the model's own weights, or read from the cache an earlier
 process wrote on the same GPU, Triton and SGLang kernel source. Timing noise
 may pick another admitted config on another run; the bits cannot change.
@@ -170,9 +170,16 @@ def same_bits(x, y):
     return x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.view(width), y.view(width))
 
 
+def probe_rows(low, top):
+    """The M at which a bucket's candidates must give stock's bits: its smallest and largest, and one
+    below the largest. Triton compiles the kernel apart for M of 1, for M a multiple of 16 and for the
+    rest, so each bucket's configs run in every variant they will serve in."""
+    return sorted({low, max(low, top - 1), top})
+
+
 def tune(shape, weight, bias, time_config):
     """{bucket top: Config} for `shape`, from its `weight` (N x K) and `bias`: per bucket, the
-    fastest candidate that gives stock's bits at the bucket's smallest and largest M, where it beats
+    fastest candidate that gives stock's bits at the bucket's probe_rows, where it beats
     stock's config; `time_config(config, a, b, bias)` -> seconds. Also the candidates that gave
     other bits, sorted (a finding: the startup line names them)."""
     import torch
@@ -184,7 +191,7 @@ def tune(shape, weight, bias, time_config):
     tuned, differing = {}, set()
     low = 1
     for top in BUCKETS:
-        probes = [rows[:low], rows[:top]]
+        probes = [rows[:m] for m in probe_rows(low, top)]
         references = [stock(a, b, a.dtype, bias) for a in probes]
         best, best_time = None, time_config(STOCK[shape.dtype], rows[:top], b, bias)
         for config in candidates(shape.dtype, top):

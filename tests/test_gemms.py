@@ -101,6 +101,17 @@ def test_buckets():
         16, 16, 32, 32, 64, 64, 128, 128, 256, 256, None]
 
 
+def test_each_bucket_is_probed_in_every_variant_triton_compiles():
+    """M of 1, M a multiple of 16, and the rest: each bucket's configs run in each it serves in."""
+    low = 1
+    for top in gemms.BUCKETS:
+        probes = gemms.probe_rows(low, top)
+        assert probes[0] == low and probes[-1] == top
+        variants = {"one" if m == 1 else "sixteens" if m % 16 == 0 else "other" for m in range(low, top + 1)}
+        assert {"one" if m == 1 else "sixteens" if m % 16 == 0 else "other" for m in probes} == variants
+        low = top + 1
+
+
 def test_every_candidate_keeps_stock_block_k():
     for dtype, stock in gemms.STOCK.items():
         for top in gemms.BUCKETS:
