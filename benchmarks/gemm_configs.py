@@ -109,24 +109,22 @@ class Bench:
         return self.torch.nn.functional.linear(a, weight, bias)
 
     def seconds(self, call):
-        if self.stand_in:
-            started = time.perf_counter()
-            call()
-            return time.perf_counter() - started
-        import triton.testing
-
-        return triton.testing.do_bench(call, warmup=5, rep=25, return_mode="median") / 1000
+        """The plugin's own GPU clock (gemms.gpu_seconds); the wall clock under the interpreter."""
+        if not self.stand_in:
+            return gemms.gpu_seconds(call)
+        started = time.perf_counter()
+        call()
+        return time.perf_counter() - started
 
     def clock(self, config, a, b, bias):
-        """gemms.tune's clock: the plugin's own on a GPU."""
-        return self.seconds(lambda: gemms.launch(a, b, a.dtype, bias, config)) if self.stand_in \
-            else gemms._gpu_seconds(config, a, b, bias)
+        """gemms.tune's clock: one launch of `config`, as gemms.gpu_clock times it on a GPU."""
+        return self.seconds(lambda: gemms.launch(a, b, a.dtype, bias, config))
 
 
-def bits(bench, shape):
+def bits(bench, shape, tensors):
     """Where each config's bits differ from stock's, stock's and cuBLAS's batch invariance, and cuBLAS
-    against stock's bits."""
-    a, weight, bias = bench.tensors(shape)
+    against stock's bits; `tensors`: bench.tensors(shape)."""
+    a, weight, bias = tensors
     b, largest = weight.t(), bench.rows[-1]
     stock_rows = {m: gemms.stock(a[:m], b, a.dtype, bias) for m in bench.rows}
     cublas_largest = bench.cublas(a, weight, bias)
@@ -147,20 +145,23 @@ def bits(bench, shape):
     }
 
 
-def speed(bench, shape):
-    """The tuned configs and, per timed M, the median seconds of stock's config, the tuned one and cuBLAS."""
-    a, weight, bias = bench.tensors(shape)
-    b = weight.t()
+def timed_at(bench, tensors, tuned, m):
+    """The median seconds of stock's config, the `tuned` one of M's bucket (stock's where none) and
+    cuBLAS, at M rows of `tensors` (bench.tensors)."""
+    a, weight, bias = tensors
+    b, config = weight.t(), tuned.get(gemms.bucket(m))
+    stock_s = bench.seconds(lambda: gemms.stock(a[:m], b, a.dtype, bias))
+    tuned_s = bench.seconds(lambda: gemms.launch(a[:m], b, a.dtype, bias, config)) if config else stock_s
+    return {"stock_s": stock_s, "tuned_s": tuned_s, "tuned_config": list(config) if config else None,
+            "cublas_s": bench.seconds(lambda: bench.cublas(a[:m], weight, bias))}
+
+
+def speed(bench, shape, tensors):
+    """The tuned configs and, per timed M, timed_at's seconds."""
+    _, weight, bias = tensors
     tuned, differing = gemms.tune(shape, weight, bias, bench.clock)
-    timed = {}
-    for m in bench.timed_rows:
-        config = tuned.get(gemms.bucket(m))
-        stock_s = bench.seconds(lambda: gemms.stock(a[:m], b, a.dtype, bias))
-        tuned_s = bench.seconds(lambda: gemms.launch(a[:m], b, a.dtype, bias, config)) if config else stock_s
-        timed[m] = {"stock_s": stock_s, "tuned_s": tuned_s, "tuned_config": list(config) if config else None,
-                    "cublas_s": bench.seconds(lambda: bench.cublas(a[:m], weight, bias))}
     return {"tuned": {top: list(c) for top, c in tuned.items()}, "tuner_differing": [list(c) for c in differing],
-            "timed": timed}
+            "timed": {m: timed_at(bench, tensors, tuned, m) for m in bench.timed_rows}}
 
 
 def measure(bench, models, dtypes):
@@ -171,7 +172,9 @@ def measure(bench, models, dtypes):
             for layer, shape, per_step in bench.gemms_of(model, dtype):
                 if shape not in seen:
                     print(f"{model} {layer} {shape.key}", file=sys.stderr, flush=True)
-                    seen[shape] = {"shape": shape._asdict(), **bits(bench, shape), **speed(bench, shape)}
+                    tensors = bench.tensors(shape)
+                    seen[shape] = {"shape": shape._asdict(), **bits(bench, shape, tensors),
+                                   **speed(bench, shape, tensors)}
                 results.append({"model": model, "layer": layer, "per_decode_step": per_step, "shape": shape.key})
     return results, list(seen.values())
 

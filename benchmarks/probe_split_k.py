@@ -33,7 +33,7 @@ import sys
 import triton
 import triton.language as tl
 
-from benchmarks.gemm_configs import bench_for, model_gemms, probe_parser, write_json
+from benchmarks.gemm_configs import bench_for, model_gemms, probe_parser, timed_at, write_json
 from sglang_chunk_align import gemms
 
 SPLITS = (1, 2, 4, 8)
@@ -88,7 +88,7 @@ def split_k(a, b, bias, splits, block_m):
     import torch
 
     (m, k), n = a.shape, b.shape[1]
-    block_k = gemms.STOCK[str(a.dtype).removeprefix("torch.")].block_k
+    block_k = gemms.STOCK[gemms.dtype_name(a.dtype)].block_k
     k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
     partials = torch.empty((splits, m, n), device=a.device, dtype=torch.float32)
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, BLOCK_N)
@@ -109,10 +109,11 @@ def split_by_m(m):
     return 1 if m <= 16 else 4
 
 
-def check(bench, shape, rows):
-    """Batch invariance and bits against stock, per split; and the control."""
-    a, weight, bias = bench.tensors(shape)
+def check(tensors, rows):
+    """Batch invariance and bits against stock, per split; and the control. `tensors`: bench.tensors."""
+    a, weight, bias = tensors
     b, largest = weight.t(), rows[-1]
+    stock = {m: gemms.stock(a[:m], b, a.dtype, bias) for m in rows}
 
     def run(m, splits):
         return split_k(a[:m], b, bias, splits, block_m_for(m))
@@ -125,7 +126,7 @@ def check(bench, shape, rows):
             "rows_differ_from_largest_m": [m for m in rows if not gemms.same_bits(out[m], out[largest][:m])],
             "rows_differ_from_alone": [m for m in rows if not all(
                 gemms.same_bits(out[m][i:i + 1], alone[i]) for i in range(min(m, 3)))],
-            "differs_from_stock_at": [m for m in rows if not gemms.same_bits(out[m], gemms.stock(a[:m], b, a.dtype, bias))],
+            "differs_from_stock_at": [m for m in rows if not gemms.same_bits(out[m], stock[m])],
         }
     control = {m: split_k(a[:m], b, bias, split_by_m(m), block_m_for(m)) for m in rows}
     found["control_rows_differ_from_largest_m"] = [
@@ -133,20 +134,14 @@ def check(bench, shape, rows):
     return found
 
 
-def timing(bench, shape, rows):
-    a, weight, bias = bench.tensors(shape)
-    b = weight.t()
+def timing(bench, shape, tensors, rows):
+    """Per M: gemm_configs.timed_at's seconds (stock's config, the tuned one, cuBLAS), and each split's."""
+    a, weight, bias = tensors
     tuned, _ = gemms.tune(shape, weight, bias, bench.clock)
-    timed = {}
-    for m in rows:
-        config = tuned.get(gemms.bucket(m))
-        timed[m] = {
-            "stock_s": bench.seconds(lambda: gemms.stock(a[:m], b, a.dtype, bias)),
-            "tuned_s": bench.seconds(lambda: gemms.launch(a[:m], b, a.dtype, bias, config or gemms.STOCK[shape.dtype])),
-            "cublas_s": bench.seconds(lambda: bench.cublas(a[:m], weight, bias)),
-            **{f"split_{s}_s": bench.seconds(lambda: split_k(a[:m], b, bias, s, block_m_for(m))) for s in SPLITS},
-        }
-    return timed
+    return {m: {**timed_at(bench, tensors, tuned, m),
+                **{f"split_{s}_s": bench.seconds(lambda: split_k(a[:m], weight.t(), bias, s, block_m_for(m)))
+                   for s in SPLITS}}
+            for m in rows}
 
 
 def verdict(shapes):
@@ -169,8 +164,9 @@ def main(argv=None):
     shapes = []
     for layer, shape in found:
         print(f"{layer} {shape.key}", file=sys.stderr, flush=True)
-        shapes.append({"layer": layer, "shape": shape._asdict(), "check": check(bench, shape, rows),
-                       "timed": timing(bench, shape, timed_rows)})
+        tensors = bench.tensors(shape)
+        shapes.append({"layer": layer, "shape": shape._asdict(), "check": check(tensors, rows),
+                       "timed": timing(bench, shape, tensors, timed_rows)})
     doc = {"environment": {"gpu": "CPU (Triton interpreter, stand-in)" if args.stand_in
                            else bench.torch.cuda.get_device_name(), "triton": triton.__version__,
                            "gemm_path": "SGLang's batch-invariant Triton kernel (DeepGEMM not loaded)"},
@@ -179,7 +175,7 @@ def main(argv=None):
     for s in shapes:
         for m, t in s["timed"].items():
             print(f"{s['layer']:>8} M={m:>3}: " + ", ".join(
-                f"{key[:-2]} {t[key] / t['cublas_s']:.2f}x" for key in t if key != "cublas_s") + " cuBLAS")
+                f"{key[:-2]} {t[key] / t['cublas_s']:.2f}x" for key in t if key.endswith("_s") and key != "cublas_s") + " cuBLAS")
     write_json(args.json, doc)
     v = doc["verdict"]
     return 0 if v["batch_invariant_at_every_split"] and v["one_split_gives_stock_bits"] and v["control_seen"] else 1

@@ -8,8 +8,8 @@ GEMM has 36 tiles for 132 SMs: the GEMMs cost 3x cuBLAS there (issue 47).
 Each output element's sum over K is the kernel's K loop of BLOCK_K-wide
 tl.dot steps. BLOCK_M, BLOCK_N, warps and stages only choose which outputs a
 program computes and how it pipelines its loads, so the same kernel with
-those changed and BLOCK_K kept should give the same bits: measured so on the
-H200, but the compiler does not promise it. So nothing here takes it on
+those changed and BLOCK_K kept should give the same bits: reported so on the
+H200 (issue 47), but the compiler does not promise it. So nothing here takes it on
 trust. A config serves a GEMM shape (dtype, N, K, bias) only after it gave
 stock's bits for that shape on this GPU at its bucket's probe M (probe_rows),
 and was faster than stock's: tuned at startup, before CUDA graphs
@@ -46,8 +46,8 @@ class Config(NamedTuple):
                 "GROUP_SIZE_M": GROUP_SIZE_M, "num_stages": self.stages, "num_warps": self.warps}
 
 
-# Stock's one config per input dtype, as _matmul_persistent_triton's `configs` holds it
-# (tests/test_gemms.py reads it from the installed wheel).
+# Stock's one config per input dtype, as _matmul_persistent_triton's `configs` holds it (the patch
+# table's row states it: tests/test_release_wheels.py checks it in every release's source).
 STOCK = {
     "bfloat16": Config(128, 128, 64, 3, 8),
     "float16": Config(128, 256, 64, 3, 8),
@@ -108,7 +108,7 @@ class Table:
         top = bucket(a.shape[0])
         if top is None or out_dtype != a.dtype or a.stride(1) != 1 or b.stride(0) != 1:
             return None
-        shape = Shape(str(a.dtype).removeprefix("torch."), b.shape[1], b.shape[0], bias is not None)
+        shape = Shape(dtype_name(a.dtype), b.shape[1], b.shape[0], bias is not None)
         tuned = self.configs.get(shape)
         if tuned is None:
             if shape not in self._untuned:
@@ -128,9 +128,12 @@ def activate(table):
 
 def per_m_config(wrapped, instance, args, kwargs):
     """Wraps batch_invariant_ops._matmul_persistent_triton, through which SGLang's batch-invariant
-    mm, addmm and mm.dtype reach the Triton kernel: the same kernel, with the tuned config."""
+    mm, addmm and mm.dtype reach the Triton kernel: the same kernel, with the tuned config. With
+    no table (the switch off, the default) a call costs the wrapper alone."""
+    if _table is None:
+        return wrapped(*args, **kwargs)
     a, b, out_dtype, bias = _gemm_args(*args, **kwargs)
-    config = _table.config(a, b, out_dtype, bias) if _table is not None else None
+    config = _table.config(a, b, out_dtype, bias)
     if config is None:
         return wrapped(*args, **kwargs)
     return launch(a, b, out_dtype, bias, config)
@@ -138,6 +141,11 @@ def per_m_config(wrapped, instance, args, kwargs):
 
 def _gemm_args(a, b, out_dtype, bias=None):
     return a, b, out_dtype, bias
+
+
+def dtype_name(dtype):
+    """torch.bfloat16 -> "bfloat16", as STOCK and Shape name it."""
+    return str(dtype).removeprefix("torch.")
 
 
 def launch(a, b, out_dtype, bias, config):
@@ -160,7 +168,7 @@ def launch(a, b, out_dtype, bias, config):
 
 def stock(a, b, out_dtype, bias):
     """Stock's kernel with stock's config, the reference every candidate must match."""
-    return launch(a, b, out_dtype, bias, STOCK[str(a.dtype).removeprefix("torch.")])
+    return launch(a, b, out_dtype, bias, STOCK[dtype_name(a.dtype)])
 
 
 def same_bits(x, y):
@@ -222,7 +230,7 @@ def model_shapes(model):
         weight = getattr(module, "weight", None)
         if not isinstance(module, (LinearBase, VocabParallelEmbedding)) or weight is None or weight.dim() != 2:
             continue
-        dtype = str(weight.dtype).removeprefix("torch.")
+        dtype = dtype_name(weight.dtype)
         if dtype not in STOCK or _deepgemm_takes(dtype, *weight.shape):
             continue
         bias = getattr(module, "bias", None) if isinstance(module, LinearBase) else None
@@ -247,7 +255,7 @@ def tune_at_startup(wrapped, instance, args, kwargs):
     """Wraps ModelRunner.configure_kv_cache_dtype, the step after SGLang turns batch-invariant ops
     on (ModelRunner.initialize): the model is loaded, its KV cache not yet sized, its CUDA graphs
     not yet captured. Each shape is tuned once per process: a second runner (a draft model's)
-    keeps the first one's configs and adds its own shapes'."""
+    keeps the first one's configs and adds its own shapes."""
     import torch
 
     from sglang.srt.batch_invariant_ops import is_batch_invariant_mode_enabled
@@ -270,7 +278,7 @@ def startup_table(model, known, tune_shape=None):
         return None
     import torch
 
-    tune_shape = tune_shape or (lambda shape, weight, bias: tune(shape, weight, bias, _gpu_seconds))
+    tune_shape = tune_shape or (lambda shape, weight, bias: tune(shape, weight, bias, gpu_clock))
     shapes = model_shapes(model)
     if not shapes:
         logger.info("sglang-chunk-align: no GEMM of this model reaches SGLang's Triton kernel%s: nothing to tune",
@@ -309,11 +317,16 @@ def _log_startup(shapes, configs, fresh, seconds, path, notes):
         logger.warning("sglang-chunk-align: GEMM %s", note)
 
 
-def _gpu_seconds(config, a, b, bias):
+def gpu_seconds(call):
+    """The median seconds of `call` on the GPU (triton.testing.do_bench, the L2 cache flushed before each)."""
     import triton.testing
 
-    return triton.testing.do_bench(lambda: launch(a, b, a.dtype, bias, config), warmup=5, rep=20,
-                                   return_mode="median") / 1000
+    return triton.testing.do_bench(call, warmup=5, rep=20, return_mode="median") / 1000
+
+
+def gpu_clock(config, a, b, bias):
+    """tune()'s clock on a GPU: one launch of `config`."""
+    return gpu_seconds(lambda: launch(a, b, a.dtype, bias, config))
 
 
 def cache_path(device):
