@@ -478,7 +478,8 @@ def failed_fraction(entry):
 def verdicts(servers):
     """Each plugin server's verdict beside its control (the rules off at its chunk and page, same run):
     "exact" where it was identical and the control failed requests, "could not see" where the control
-    passed or did not run, "inexact" where the plugin itself differed."""
+    passed or did not run, "inexact" where the plugin itself differed, "cut short" where a time limit
+    interrupted its verify before any request differed (the workloads compared are in its entry)."""
     controls = {(e.get("chunk"), e.get("page")): e for e in servers if e.get("rules") is False}
     rows = []
     for entry in servers:
@@ -486,7 +487,9 @@ def verdicts(servers):
             continue
         control = controls.get((entry["chunk"], entry["page"]))
         fraction = failed_fraction(control) if control else None
-        verdict = ("inexact" if not entry.get("ok") else "exact" if fraction else "could not see")
+        cut_short = "interrupted" in (entry.get("verify") or {}) and not failed_fraction(entry)
+        verdict = ("cut short" if cut_short else "inexact" if not entry.get("ok") else
+                   "exact" if fraction else "could not see")
         rows.append({"server": entry["name"], "verdict": verdict, "plugin_failed_fraction": failed_fraction(entry),
                      "control": control["name"] if control else None, "control_failed_fraction": fraction})
     return rows

@@ -217,3 +217,17 @@ def test_the_installed_engine_has_what_verify_engine_uses():
     assert {"success", "message"} <= set(inspect.signature(FlushCacheReqOutput).parameters)
     manager = inspect.getsource(TokenizerManager)
     assert "self.model_config = " in manager and "self.model_path = " in manager
+
+
+def test_ctrl_c_stops_verify_engine_rather_than_becoming_a_report(monkeypatch):
+    """The command prints what an interrupted verify compared; a library call lets Ctrl-C stop the caller."""
+    compare = verify.check_workload
+
+    def interrupted_at_chat(name, *args):
+        if name == "chat":
+            raise KeyboardInterrupt
+        return compare(name, *args)
+
+    monkeypatch.setattr(verify, "check_workload", interrupted_at_chat)
+    with pytest.raises(KeyboardInterrupt):
+        verify_engine(EngineStandIn(), **SMALL)

@@ -39,6 +39,19 @@ def test_a_plugin_server_is_exact_only_beside_a_control_that_failed():
     assert set(rows) == {"plugin-128", "plugin-256", "plugin-1024", "plugin-512"}  # controls get no verdict
 
 
+def test_a_plugin_server_whose_verify_was_interrupted_is_cut_short_unless_it_already_differed():
+    """A time limit's SIGINT stops verify mid-run (exit 130, "interrupted" in its report): what it
+    compared stays in the record, and a plugin identical so far is neither exact nor inexact."""
+    cut = entry("plugin-128", 128, True, False, (32, 32))
+    differed = entry("plugin-256", 256, True, False, (31, 32))
+    for server in (cut, differed):
+        server["verify"]["interrupted"] = "chat"
+    servers = [cut, differed, entry("control-128", 128, False, False, (20, 32)),
+               entry("control-256", 256, False, False, (20, 32))]
+    rows = {row["server"]: row["verdict"] for row in real_server.verdicts(servers)}
+    assert rows == {"plugin-128": "cut short", "plugin-256": "inexact"}
+
+
 def test_the_record_holds_the_verdicts_of_the_servers_recorded_so_far(tmp_path):
     """The JSON is rewritten after each server, its verdicts with it: a run cut short keeps them."""
     out = tmp_path / "out.json"

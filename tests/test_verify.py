@@ -22,6 +22,7 @@ import math
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -796,3 +797,30 @@ def test_every_chat_turn_ends_in_a_short_piece_once_built():
     for c, turns in enumerate(chat):
         for t in range(1, len(turns)):
             assert built[c, t].prompt[: len(built[c, t - 1].prompt)] == built[c, t - 1].prompt
+
+
+@pytest.mark.parametrize("interrupt_at, cut", [(20, "chat's sequential pass"), (26, "chat's concurrent pass")])
+def test_an_interrupted_verify_reports_the_workloads_it_compared_and_sends_nothing_more(standin, interrupt_at, cut):
+    """SIGINT (Ctrl-C, or a device call's time limit) in the middle of chat: mixed, already compared, is
+    reported with exit 130, and only the requests in flight are answered: no conversation starts
+    another turn (chat: 8 requests in 2 conversations; the server's /generate bodies 17-24 are its
+    sequential pass, 25-32 its concurrent one)."""
+    server, reference = standin(delay=0.2), standin()
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sglang_chunk_align.tools.cli", "verify", "--server", server.url, "--reference",
+         reference.url, *FAST, *IDS, "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": pythonpath})
+    deadline = time.monotonic() + 60
+    while len(server.bodies) < interrupt_at and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, (cut, err)
+    report = json.loads(out)
+    assert report["interrupted"] == "chat" and report["ok"] is False
+    assert [p["identical"] for p in report["workloads"]["mixed"]["passes"].values()] == [8, 8]
+    assert list(report["workloads"]) == ["mixed"]
+    assert any(problem.startswith("interrupted during chat") for problem in report["problems"])
+    assert len(server.bodies) <= interrupt_at + 2, cut  # the turns in flight, not the 32 of an uninterrupted run
+    assert "Traceback" not in err

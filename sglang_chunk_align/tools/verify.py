@@ -78,7 +78,8 @@ info); where neither does, the error names both.
 Exit status: 0 when every request is identical, 1 on any difference or
 problem, 2 when a server cannot be reached or answers badly, or an argument is
 bad (one line on stderr; with --json also {"ok": false, "error": "..."} on
-stdout).
+stdout), 130 when interrupted (Ctrl-C or SIGINT): the report of the workloads
+compared before it is printed, with "interrupted" naming the one cut.
 
 --json prints one object with these keys:
   ok, server, reference (null without one), baseline ("reference" or "server"),
@@ -89,7 +90,8 @@ stdout).
     passes: {"sequential"|"concurrent": {requests, identical,
       cached_tokens (per request), cached_tokens_total, requests_with_hit,
       failures: [{request, conversation, turn, prompt_tokens,
-                  first_difference ("input" or "output"), index}]}}}}
+                  first_difference ("input" or "output"), index}]}}}},
+  interrupted (only when interrupted: the workload it cut).
 Requests are numbered conversation by conversation, turn by turn (a mixed
 prompt is a conversation of one turn); index is the token's position in the
 prompt (input) or among the generated tokens (output).
@@ -117,6 +119,7 @@ from http import HTTPStatus
 from ..alignment import PREFILL_Q_TILE_TOKENS
 from .arguments import at_least
 
+INTERRUPTED = 128 + 2  # the shell's status for SIGINT
 TURNS = 4
 SYSTEM_PROMPT_TOKENS = 300
 WORDS = (
@@ -152,7 +155,8 @@ def add_parser(commands):
         "cold request: point it only at servers nobody else uses (a live rollout server loses its cache).",
         epilog="Exit status: 0 every request identical; 1 a difference, or a chat pass without radix hits; "
         "2 a server unreachable or answering badly, or a bad argument (with --json also "
-        '{"ok": false, "error": "..."} on stdout).',
+        '{"ok": false, "error": "..."} on stdout); 130 interrupted (SIGINT), the workloads compared before it '
+        "reported.",
     )
     verifier.add_argument("--server", type=_url, required=True, help="URL of the server under test")
     verifier.add_argument("--reference", type=_url, help="URL of a reference server (chunked prefill off)")
@@ -235,7 +239,7 @@ def run(verifier, args):
             print(json.dumps({"ok": False, "error": str(error)}))
         return 2
     print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return 0 if report["ok"] else 1
+    return INTERRUPTED if "interrupted" in report else 0 if report["ok"] else 1
 
 
 def check(server, baseline, prompts, args, progress):
@@ -259,9 +263,15 @@ def check(server, baseline, prompts, args, progress):
     }
     for name in WORKLOADS if args.workload == "all" else (args.workload,):
         conversations = BUILDERS[name](random.Random(f"{args.seed}:{name}"), args.prompts, prompts)
-        report["workloads"][name] = check_workload(
-            name, conversations, server, baseline, prompts, args, progress, report["problems"]
-        )
+        try:
+            report["workloads"][name] = check_workload(
+                name, conversations, server, baseline, prompts, args, progress, report["problems"]
+            )
+        except KeyboardInterrupt:  # Ctrl-C, or a time limit's SIGINT: the workloads already compared still count
+            progress.clear()
+            report["interrupted"] = name
+            report["problems"].append(f"interrupted during {name}: it and the workloads after it were not checked")
+            break
     report["ok"] = not report["problems"] and all(
         p["identical"] == p["requests"] for w in report["workloads"].values() for p in w["passes"].values()
     )
@@ -750,11 +760,15 @@ def follow_up_units(turn, before):
 
 
 def run_pass(server, conversations, built, prompts, args, concurrency, progress):
-    """Every conversation's turns in order, `concurrency` conversations at a time."""
+    """Every conversation's turns in order, `concurrency` conversations at a time. Interrupted, it
+    waits only for the requests in flight: no conversation starts another turn."""
+    interrupted = threading.Event()
 
     def converse(c):
         answers = {}
         for t, turn in enumerate(conversations[c]):
+            if interrupted.is_set():
+                break
             if (c, t) not in built and turn.shared is None:
                 before = answers[c, t - 1]
                 prompt = prompts.follow_up(built[c, t - 1].prompt, before, follow_up_units(turn, before))
@@ -765,8 +779,14 @@ def run_pass(server, conversations, built, prompts, args, concurrency, progress)
             progress.advance()
         return answers
 
-    with ThreadPoolExecutor(concurrency) as pool:
+    pool = ThreadPoolExecutor(concurrency)
+    try:
         return {key: answer for answers in pool.map(converse, range(len(conversations))) for key, answer in answers.items()}
+    except KeyboardInterrupt:
+        interrupted.set()
+        raise
+    finally:
+        pool.shutdown(cancel_futures=True)
 
 
 def first_difference(want, got):
