@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 from test_verify import FAST, IDS, VOCAB, StandIn, run_verify
 
-from sglang_chunk_align.tools import in_process, verify
+from sglang_chunk_align.tools import verify
 from sglang_chunk_align.tools.in_process import verify_engine
 
 SMALL = dict(prompts=8, max_new_tokens=4, concurrency=4)
