@@ -12,6 +12,10 @@ import asyncio
 import gc
 import inspect
 import math
+import os
+import pathlib
+import subprocess
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -219,15 +223,29 @@ def test_the_installed_engine_has_what_verify_engine_uses():
     assert "self.model_config = " in manager and "self.model_path = " in manager
 
 
-def test_ctrl_c_stops_verify_engine_rather_than_becoming_a_report(monkeypatch):
-    """The command prints what an interrupted verify compared; a library call lets Ctrl-C stop the caller."""
-    compare = verify.check_workload
+CTRL_C_MID_CHECK = """
+import os, signal, sys
+from test_in_process import SMALL, EngineStandIn
+from sglang_chunk_align.tools.in_process import verify_engine
 
-    def interrupted_at_chat(name, *args):
-        if name == "chat":
-            raise KeyboardInterrupt
-        return compare(name, *args)
+def ctrl_c_at_the_20th_request(request):
+    if len(engine.model.bodies) == 20:
+        os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(verify, "check_workload", interrupted_at_chat)
-    with pytest.raises(KeyboardInterrupt):
-        verify_engine(EngineStandIn(), **SMALL)
+engine = EngineStandIn(perturb=ctrl_c_at_the_20th_request)
+try:
+    report = verify_engine(engine, **SMALL)
+except KeyboardInterrupt:
+    sys.exit("KeyboardInterrupt")
+print(report.get("interrupted"))
+"""
+
+
+def test_ctrl_c_stops_verify_engine_rather_than_becoming_a_report():
+    """The command prints what an interrupted verify compared; a library call lets Ctrl-C stop the caller
+    (a real SIGINT, in a process of its own, mid-check)."""
+    tests = pathlib.Path(__file__).resolve().parent
+    path = os.pathsep.join(filter(None, [str(tests), str(tests.parent), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", CTRL_C_MID_CHECK], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": path})
+    assert (done.returncode, done.stderr.strip().splitlines()[-1:], done.stdout) == (1, ["KeyboardInterrupt"], "")
