@@ -1,5 +1,5 @@
 """Every figure docs/exactness.md and the README give for issue 46's H200 runs, read from their records:
-benchmarks/logs/exactness_h200/call1/ and call2/ (real_server.py, engine_rollout.py) and
+benchmarks/logs/exactness_h200/call1/, call2/ and call3/ (real_server.py, engine_rollout.py) and
 benchmarks/logs/unsplit_decode_h200/unsplit_decode.json (probe_unsplit_decode.py)."""
 
 import json
@@ -15,7 +15,10 @@ RECORDS = ROOT / "benchmarks/logs/exactness_h200"
 RUN = json.loads((RECORDS / "call1/qwen2.5-7b.json").read_text())
 CALL2 = {name: json.loads((RECORDS / f"call2/{name}.json").read_text())
          for name in ("qwen2.5-7b", "llama-3.1-8b", "nemotron-h-8b")}
+CALL3 = {"nemotron-h-8b": json.loads((RECORDS / "call3/nemotron-h-8b.json").read_text()),
+         "qwen2.5-7b": json.loads((RECORDS / "call3/fi074/qwen2.5-7b.json").read_text())}
 ENGINE_REFERENCE = json.loads((RECORDS / "call2/engine-reference.json").read_text())
+ENGINE3 = {role: json.loads((RECORDS / f"call3/engine-{role}.json").read_text()) for role in ("reference", "plugin", "control")}
 PROBE = json.loads((ROOT / "benchmarks/logs/unsplit_decode_h200/unsplit_decode.json").read_text())
 PROBE_FI074 = json.loads((ROOT / "benchmarks/logs/unsplit_decode_h200/fi074/unsplit_decode_fi074.json").read_text())
 DOC = (ROOT / "docs/exactness.md").read_text()
@@ -26,11 +29,16 @@ SHAPES = {"qwen2.5-7b": "Qwen2.5-7B", "llama-3.1-8b": "Llama-3.1-8B"}
 # The doc's verify table, row by row: (record, run).
 ROWS = [("qwen2.5-7b", 128, "call1"), ("qwen2.5-7b", 256, "call1"), ("qwen2.5-7b", 256, "call2"),
         ("qwen2.5-7b", 1024, "call2"), ("llama-3.1-8b", 128, "call2"), ("llama-3.1-8b", 256, "call2"),
-        ("llama-3.1-8b", 1024, "call2")]
+        ("llama-3.1-8b", 1024, "call2"), ("qwen2.5-7b", 256, "call3")]
+RUN_LABELS = {"call3": "call3, flashinfer 0.7.4"}
+
+
+def record(model, run):
+    return RUN if run == "call1" else {"call2": CALL2, "call3": CALL3}[run][model]
 
 
 def servers(model, run):
-    return {e["name"]: e for e in (RUN if run == "call1" else CALL2[model])["servers"]}
+    return {e["name"]: e for e in record(model, run)["servers"]}
 
 
 def passes_of(entry):
@@ -62,12 +70,16 @@ def test_the_run_served_well_scaled_random_weights_on_the_stack_the_doc_names():
     assert "normal(0, 0.02), norms 1, biases 0, seed 0" in flat(DOC)
     assert (RUN["stack"]["sglang"], RUN["stack"]["flashinfer-python"], RUN["stack"]["torch"]) == ("0.5.23", "0.7.2", "2.11.0")
     assert (RUN["model"]["num_attention_heads"], RUN["model"]["num_key_value_heads"]) == (28, 4)  # GQA 7
-    assert "SGLang 0.5.23, flashinfer 0.7.2, torch 2.11" in flat(DOC) and "GQA 7, head_dim 128" in DOC
+    assert "SGLang 0.5.23, flashinfer 0.7.2 (one server on 0.7.4), torch 2.11" in flat(DOC)
+    assert "GQA 7, head_dim 128" in DOC
 
 
-def test_call2_ran_the_same_stack_and_weights_as_call1():
-    for record in CALL2.values():
-        assert record["weights"] == RUN["weights"] and record["stack"] == RUN["stack"]
+def test_call2_and_call3_ran_the_same_stack_and_weights_as_call1_but_one_server_on_flashinfer_0_7_4():
+    for run in (*CALL2.values(), CALL3["nemotron-h-8b"]):
+        assert run["weights"] == RUN["weights"] and run["stack"] == RUN["stack"]
+    fi074 = CALL3["qwen2.5-7b"]
+    assert fi074["weights"] == RUN["weights"] and fi074["stack"] == {**RUN["stack"], "flashinfer-python": "0.7.4"}
+    assert all(e["weights"] == RUN["weights"] and e["versions"]["flashinfer-python"] == "0.7.2" for e in ENGINE3.values())
     assert (CALL2["llama-3.1-8b"]["model"]["num_attention_heads"], CALL2["llama-3.1-8b"]["model"]["num_key_value_heads"]) == (32, 8)
     assert ENGINE_REFERENCE["weights"] == RUN["weights"] and ENGINE_REFERENCE["role"] == "reference"
 
@@ -85,7 +97,7 @@ def test_the_verify_table_is_the_record(model, chunk, run):
     else:  # stopped by the step's time limit: verify's report holds its traceback alone
         assert control["verify_exit"] == -2 and not control["ok"]
         said = "not measured: the step's time limit stopped it"
-    assert f"| {SHAPES[model]} | {chunk} | **192 of 192** | {hits} | {said} | {run} |" in DOC
+    assert f"| {SHAPES[model]} | {chunk} | **192 of 192** | {hits} | {said} | {RUN_LABELS.get(run, run)} |" in DOC
     assert "which matched itself in 192 of 192 on both dense shapes" in flat(DOC)
 
 
@@ -111,7 +123,7 @@ def test_chat_failed_every_control_sequentially_and_concurrently_only_at_chunk_1
     assert "chat matched at chunks 256 and 1024 and failed in 32 of 32 at 128" in doc
 
 
-def test_stock_nemotron_h_did_not_match_itself_and_the_plugin_there_is_not_measured():
+def test_stock_nemotron_h_did_not_match_itself_and_calls2_plugin_servers_were_stopped():
     entries = {e["name"]: e for e in CALL2["nemotron-h-8b"]["servers"]}
     workloads = entries["reference-page1"]["verify"]["workloads"]
     alone = [w["passes"]["sequential"] for w in workloads.values()]
@@ -126,7 +138,57 @@ def test_stock_nemotron_h_did_not_match_itself_and_the_plugin_there_is_not_measu
     assert "5 in the generated tokens' logprobs" in doc
     plugin_runs = [e for name, e in entries.items() if name.startswith("plugin-")]
     assert len(plugin_runs) == 4 and all(e["verify_exit"] == -2 and "workloads" not in e["verify"] for e in plugin_runs)
-    assert "stopped all four before `verify` reported" in doc
+    assert "call2's four plugin servers of the same setups were stopped by the step's time limit before `verify` reported" in doc
+
+
+def test_call3s_nemotron_h_plugin_matched_the_references_solo_answers_where_stock_did_not_itself():
+    entries = {e["name"]: e for e in CALL3["nemotron-h-8b"]["servers"]}
+    reference = entries["reference-page1"]["verify"]["workloads"]
+    alone = [w["passes"]["sequential"] for w in reference.values()]
+    together = {name: w["passes"]["concurrent"] for name, w in reference.items()}
+    assert sum(p["identical"] for p in alone) == 96 and {n: p["identical"] for n, p in together.items()} == {
+        "mixed": 10, "chat": 11, "tiles": 10}
+    first = [f["first_difference"] for p in together.values() for f in p["failures"]]
+    assert (len(first), first.count("input")) == (65, 59)
+    doc = flat(DOC)
+    assert "96 of 96 alone, 31 of 96 eight at a time (mixed 10, chat 11, tiles 10), 59 of the 65 differing first" in doc
+    for chunk, said in ((256, "**73.4%** (51 of 192 identical) at 256"), (512, "**59.9%** (77 of 192) at 512")):
+        plugin, control = entries[f"plugin-chunk{chunk}-page1-radixdefault"], entries[f"plugin-chunk{chunk}-page1-radixoff-rules0"]
+        assert counts(plugin) == (192, 192) and plugin["verify"]["concurrency"] == 8
+        assert "one request per prefill batch" in plugin["plugin_lines"][-1]
+        assert "radix cache off, as stock (a mamba prefix cache" in plugin["plugin_lines"][-1]
+        assert f"{100 * failed_fraction(control):.1f}%** ({counts(control)[0]} of 192" in said and said in doc
+    assert [(v["server"], v["verdict"]) for v in CALL3["nemotron-h-8b"]["verdicts"]] == [
+        ("plugin-chunk512-page1-radixdefault", "exact"), ("plugin-chunk256-page1-radixdefault", "exact")]
+    assert "**identical to the reference's solo answers in 192 of 192 requests at chunks 256 and 512**" in doc
+
+
+def test_call3s_engine_cycle_and_check_were_exact_beside_a_control_that_differed():
+    reference, plugin, control = ENGINE3["reference"], ENGINE3["plugin"], ENGINE3["control"]
+    assert reference["verify"]["ok"] and counts(reference) == (96, 96) and "--record-reference" in reference["argv"]
+    replays = [step for step in plugin["cycle"]["steps"] if "identical_to_first_run" in step]
+    assert len(replays) == 2 and all(step["identical_to_first_run"] == 32 for step in replays)
+    assert plugin["cycle"]["rollouts_changed_by_the_update"] == 32
+    assert plugin["ok"] and counts(plugin) == (96, 96) and "--recorded" in plugin["argv"]
+    hits = [plugin["verify"]["workloads"][w]["passes"]["sequential"]["cached_tokens_total"] for w in ("mixed", "chat")]
+    assert counts(control)[0] == 59 and "--control" in control["argv"]
+    assert control["verify"]["workloads"]["chat"]["passes"]["sequential"]["identical"] == 0
+    doc = flat(DOC)
+    assert "were identical in 32 of 32, and the update changed 32 of 32" in doc
+    assert f"**96 of 96 identical**, with radix hits ({hits[0]:,} / {hits[1]:,} cached tokens" in doc
+    assert (f"**{100 * control['control_failed_fraction']:.1f}%** differed (59 of 96 identical; chat 0 of 16 in the "
+            "sequential pass)") in doc
+
+
+def test_flashinfer_0_7_4_kept_radix_hits_whole():
+    fi074, fi072 = servers("qwen2.5-7b", "call3"), servers("qwen2.5-7b", "call2")
+    plugin = "plugin-chunk256-page1-radixon"
+    assert "1-token grid" in fi074[plugin]["plugin_lines"][-1] and "128-token grid" in fi072[plugin]["plugin_lines"][-1]
+    mixed, chat = cached(plugin, "mixed", fi074), cached(plugin, "chat", fi074)
+    assert (cached(plugin, "mixed", fi072), cached(plugin, "chat", fi072)) == (9600, 50944)
+    assert f"{mixed:,} cached tokens on mixed against 9,600 on 0.7.2's 128-token grid (chat: {chat:,} against 50,944)" in flat(DOC)
+    assert "GQA 1, 4 and 8, not at this shape's 7" in flat(DOC)
+    assert "GQA group 7 at head_dim 128: not measured on flashinfer 0.7.4" in fi074[plugin]["plugin_lines"][0]
 
 
 def test_the_engine_reference_matched_itself():
@@ -184,8 +246,20 @@ def test_the_readme_cites_the_same_figures_and_the_startup_clause_is_the_plugins
     fractions = [failed_fraction(control) for _, control in rows if "workloads" in control["verify"]]
     readme = flat(README)
     assert (f"192 of 192 `verify` requests identical on {len(rows)} servers, the {len(fractions)} rules-off controls "
-            f"failing {100 * min(fractions):.1f}-{100 * max(fractions):.1f}%; 64 of 64 decoding past the CUDA graphs' "
-            "batch (0 of 64 without unsplit eager decode)") in readme
-    assert "Stock's Nemotron-H reference differed from itself in 67 of 96 concurrent requests" in readme
+            f"failing {100 * min(fractions):.1f}-{100 * max(fractions):.1f}%;") in readme
+    assert "(one server on flashinfer 0.7.4)" in readme
+    hybrid = {e["name"]: e for e in CALL3["nemotron-h-8b"]["servers"]}
+    assert all(counts(hybrid[f"plugin-chunk{c}-page1-radixdefault"]) == (192, 192) for c in (256, 512))
+    said = "Nemotron-H's hybrid 192 of 192 at chunks 256 and 512 (controls {:.1f}%, {:.1f}%)".format(
+        *(100 * failed_fraction(hybrid[f"plugin-chunk{c}-page1-radixoff-rules0"]) for c in (256, 512)))
+    assert said in readme
+    stock = [sum(w["passes"]["concurrent"]["requests"] - w["passes"]["concurrent"]["identical"]
+                 for w in {e["name"]: e for e in run["servers"]}["reference-page1"]["verify"]["workloads"].values())
+             for run in (CALL2["nemotron-h-8b"], CALL3["nemotron-h-8b"])]
+    assert f"differed from itself in {min(stock)}-{max(stock)} of 96 concurrent requests" in readme
+    assert (f"an Engine's RL cycle and check {counts(ENGINE3['plugin'])[0]} of 96 "
+            f"(control {100 * ENGINE3['control']['control_failed_fraction']:.1f}%)") in readme
+    assert "64 of 64 decoding past the CUDA graphs' batch (0 of 64 without unsplit eager decode)" in readme
+    assert "on well-scaled ones, where the control differed on 38.5%" in readme
     assert f"      {scheduler_hooks._unsplit_decode_note(True)}\n" in README
     assert "where 0 of 64 such requests matched" in readme
