@@ -21,6 +21,8 @@
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). Planned
 # durations (a warm machine; the first compiles of SGLang's kernel with each config dominate bits and micro):
 # bits about 3 min, micro about 8 min, splitk about 2 min, profile about 5 min (three servers side by side), serving 12-14 min.
+# A cold machine's start cost about 450 s of device time on 2026-12-05 (exactness_h200/COMMANDS.md, call3), leaving
+# about 22 minutes of a session's 30: STEPS="bits micro splitk profile" in one session, STEPS=serving in the next.
 set -u
 out=${OUT:?OUT: where the results go}
 py=${PY:-python3}
