@@ -43,6 +43,8 @@ servers() {  # NAME LIMIT PHASES CHUNKS RADIX [SERVER ARGS...]: real_server.py o
     --checkpoints /tmp/checkpoints --phases "$phases" --chunks "$chunks" --pages 1 --radix "$radix" \
     --parallel 4 --max-total-tokens 65536 --mem-fraction-static 0.85 --deadline-s $((limit - 60)) \
     --logs "$out/$name-logs" --out "$out/$name.json" ${1:+-- "$@"}
+  # One file for the folder: a device call returns 8 files at most (call3's fi074 call lost two server logs).
+  tar -C "$out" -czf "$out/$name-logs.tgz" "$name-logs" && rm -rf "$out/$name-logs"
 }
 for s in $steps; do
   case $s in
