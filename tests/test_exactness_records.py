@@ -161,6 +161,9 @@ def test_call3s_nemotron_h_plugin_matched_the_references_solo_answers_where_stoc
     assert [(v["server"], v["verdict"]) for v in CALL3["nemotron-h-8b"]["verdicts"]] == [
         ("plugin-chunk512-page1-radixdefault", "exact"), ("plugin-chunk256-page1-radixdefault", "exact")]
     assert "**identical to the reference's solo answers in 192 of 192 requests at chunks 256 and 512**" in doc
+    families = flat((ROOT / "docs/model-families.md").read_text())
+    assert ("Nemotron-H's stock reference matched itself in 31 of 96 concurrent requests, and the plugin matched the "
+            "reference's solo answers in 192 of 192 at chunks 256 and 512") in families
 
 
 def test_call3s_engine_cycle_and_check_were_exact_beside_a_control_that_differed():
