@@ -143,6 +143,15 @@ class ServerError(Exception):
     """A server could not answer as SGLang does; run() prints it on one line and exits 2."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, or a time limit's SIGINT, during check(): `report` holds the workloads compared before it.
+    The command prints that report (run()); a library caller (verify_engine) is stopped, as by any Ctrl-C."""
+
+    def __init__(self, report):
+        super().__init__(report["interrupted"])
+        self.report = report
+
+
 def add_parser(commands):
     """The `verify` subcommand on cli.py's subparsers; returns it for run()."""
     verifier = commands.add_parser(
@@ -232,6 +241,8 @@ def run(verifier, args):
             baseline = Recorded(args.recorded)
         check_reachable({"server": server, "reference": baseline} if args.reference else {"server": server})
         report = check(server, baseline, prompts, args, progress)
+    except Interrupted as interrupted:
+        report = interrupted.report
     except ServerError as error:
         progress.clear()
         print(f"sglang-chunk-align verify: {error}", file=sys.stderr)
@@ -267,11 +278,11 @@ def check(server, baseline, prompts, args, progress):
             report["workloads"][name] = check_workload(
                 name, conversations, server, baseline, prompts, args, progress, report["problems"]
             )
-        except KeyboardInterrupt:  # Ctrl-C, or a time limit's SIGINT: the workloads already compared still count
+        except KeyboardInterrupt:  # the workloads already compared still count
             progress.clear()
-            report["interrupted"] = name
+            report["ok"], report["interrupted"] = False, name
             report["problems"].append(f"interrupted during {name}: it and the workloads after it were not checked")
-            break
+            raise Interrupted(report) from None
     report["ok"] = not report["problems"] and all(
         p["identical"] == p["requests"] for w in report["workloads"].values() for p in w["passes"].values()
     )
