@@ -124,7 +124,7 @@ def test_chat_failed_every_control_sequentially_and_concurrently_only_at_chunk_1
 
 
 def test_stock_nemotron_h_did_not_match_itself_and_calls2_plugin_servers_were_stopped():
-    entries = {e["name"]: e for e in CALL2["nemotron-h-8b"]["servers"]}
+    entries = servers("nemotron-h-8b", "call2")
     workloads = entries["reference-page1"]["verify"]["workloads"]
     alone = [w["passes"]["sequential"] for w in workloads.values()]
     assert (sum(p["identical"] for p in alone), sum(p["requests"] for p in alone)) == (96, 96)
@@ -142,7 +142,7 @@ def test_stock_nemotron_h_did_not_match_itself_and_calls2_plugin_servers_were_st
 
 
 def test_call3s_nemotron_h_plugin_matched_the_references_solo_answers_where_stock_did_not_itself():
-    entries = {e["name"]: e for e in CALL3["nemotron-h-8b"]["servers"]}
+    entries = servers("nemotron-h-8b", "call3")
     reference = entries["reference-page1"]["verify"]["workloads"]
     alone = [w["passes"]["sequential"] for w in reference.values()]
     together = {name: w["passes"]["concurrent"] for name, w in reference.items()}
@@ -251,14 +251,14 @@ def test_the_readme_cites_the_same_figures_and_the_startup_clause_is_the_plugins
     assert (f"192 of 192 `verify` requests identical on {len(rows)} servers, the {len(fractions)} rules-off controls "
             f"failing {100 * min(fractions):.1f}-{100 * max(fractions):.1f}%;") in readme
     assert "(one server on flashinfer 0.7.4)" in readme
-    hybrid = {e["name"]: e for e in CALL3["nemotron-h-8b"]["servers"]}
+    hybrid = servers("nemotron-h-8b", "call3")
     assert all(counts(hybrid[f"plugin-chunk{c}-page1-radixdefault"]) == (192, 192) for c in (256, 512))
     said = "Nemotron-H's hybrid 192 of 192 at chunks 256 and 512 (controls {:.1f}%, {:.1f}%)".format(
         *(100 * failed_fraction(hybrid[f"plugin-chunk{c}-page1-radixoff-rules0"]) for c in (256, 512)))
     assert said in readme
     stock = [sum(w["passes"]["concurrent"]["requests"] - w["passes"]["concurrent"]["identical"]
-                 for w in {e["name"]: e for e in run["servers"]}["reference-page1"]["verify"]["workloads"].values())
-             for run in (CALL2["nemotron-h-8b"], CALL3["nemotron-h-8b"])]
+                 for w in servers("nemotron-h-8b", run)["reference-page1"]["verify"]["workloads"].values())
+             for run in ("call2", "call3")]
     assert f"differed from itself in {min(stock)}-{max(stock)} of 96 concurrent requests" in readme
     assert (f"an Engine's RL cycle and check {counts(ENGINE3['plugin'])[0]} of 96 "
             f"(control {100 * ENGINE3['control']['control_failed_fraction']:.1f}%)") in readme
