@@ -1,9 +1,10 @@
 """Every figure docs/exactness.md and the README give for issue 46's H200 runs, read from their records:
-benchmarks/logs/exactness_h200/call1/, call2/ and call3/ (real_server.py, engine_rollout.py) and
+benchmarks/logs/exactness_h200/call1/ to call4/ (real_server.py, engine_rollout.py) and
 benchmarks/logs/unsplit_decode_h200/unsplit_decode.json (probe_unsplit_decode.py)."""
 
 import json
 import pathlib
+import tarfile
 
 import pytest
 
@@ -17,6 +18,7 @@ CALL2 = {name: json.loads((RECORDS / f"call2/{name}.json").read_text())
          for name in ("qwen2.5-7b", "llama-3.1-8b", "nemotron-h-8b")}
 CALL3 = {"nemotron-h-8b": json.loads((RECORDS / "call3/nemotron-h-8b.json").read_text()),
          "qwen2.5-7b": json.loads((RECORDS / "call3/fi074/qwen2.5-7b.json").read_text())}
+CALL4 = {"qwen2.5-7b": json.loads((RECORDS / "call4/qwen2.5-7b.json").read_text())}
 ENGINE_REFERENCE = json.loads((RECORDS / "call2/engine-reference.json").read_text())
 ENGINE3 = {role: json.loads((RECORDS / f"call3/engine-{role}.json").read_text()) for role in ("reference", "plugin", "control")}
 PROBE = json.loads((ROOT / "benchmarks/logs/unsplit_decode_h200/unsplit_decode.json").read_text())
@@ -29,12 +31,12 @@ SHAPES = {"qwen2.5-7b": "Qwen2.5-7B", "llama-3.1-8b": "Llama-3.1-8B"}
 # The doc's verify table, row by row: (record, run).
 ROWS = [("qwen2.5-7b", 128, "call1"), ("qwen2.5-7b", 256, "call1"), ("qwen2.5-7b", 256, "call2"),
         ("qwen2.5-7b", 1024, "call2"), ("llama-3.1-8b", 128, "call2"), ("llama-3.1-8b", 256, "call2"),
-        ("llama-3.1-8b", 1024, "call2"), ("qwen2.5-7b", 256, "call3")]
-RUN_LABELS = {"call3": "call3, flashinfer 0.7.4"}
+        ("llama-3.1-8b", 1024, "call2"), ("qwen2.5-7b", 256, "call3"), ("qwen2.5-7b", 256, "call4")]
+RUN_LABELS = {"call3": "call3, flashinfer 0.7.4", "call4": "call4, an H100"}
 
 
 def record(model, run):
-    return RUN if run == "call1" else {"call2": CALL2, "call3": CALL3}[run][model]
+    return RUN if run == "call1" else {"call2": CALL2, "call3": CALL3, "call4": CALL4}[run][model]
 
 
 def servers(model, run):
@@ -107,7 +109,7 @@ def test_each_plugin_setup_is_exact_beside_a_control_that_failed():
     assert [(v["server"], v["verdict"]) for v in CALL2["qwen2.5-7b"]["verdicts"]] == [
         ("plugin-chunk1024-page1-radixon", "exact"), ("plugin-chunk256-page1-radixon", "could not see")]
     assert {v["verdict"] for v in CALL2["llama-3.1-8b"]["verdicts"]} == {"exact"}
-    assert "(call2's Qwen2.5-7B at 256 on call1's control)" in flat(DOC)
+    assert "(call2's Qwen2.5-7B at 256 on call1's control;" in flat(DOC)
     chat_256 = SERVERS["plugin-chunk256-page1-radixoff-rules0"]["verify"]["workloads"]["chat"]["passes"]
     assert all(p["identical"] == p["requests"] for p in chat_256.values())  # "none of its requests failed"
     assert "none of chat's requests failed the control at chunk 256" in flat(DOC)
@@ -194,6 +196,38 @@ def test_flashinfer_0_7_4_kept_radix_hits_whole():
     assert "GQA group 7 at head_dim 128: not measured on flashinfer 0.7.4" in fi074[plugin]["plugin_lines"][0]
 
 
+def baseline_answers(archive):
+    with tarfile.open(archive) as tar:
+        return tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("qwen2.5-7b-logs/baseline-page1.json"))).read()
+
+
+def test_call4_ran_call2s_stack_on_an_h100_whose_reference_recorded_the_h200s_answers():
+    call4 = CALL4["qwen2.5-7b"]
+    assert call4["weights"] == RUN["weights"]
+    assert call4["stack"] == {**RUN["stack"], "gpu": "NVIDIA H100 80GB HBM3, 580.159.04"} and RUN["stack"]["gpu"].startswith("NVIDIA H200")
+    assert [(v["server"], v["verdict"]) for v in call4["verdicts"]] == [("plugin-chunk256-page1-radixon", "exact")]
+    answers = baseline_answers(RECORDS / "call4/qwen2.5-7b-logs.tgz")
+    assert len(json.loads(answers)) == 110 and answers == baseline_answers(RECORDS / "call2/logs.tgz")
+    doc = flat(DOC)
+    assert "its stock reference recorded byte for byte the answers of call2's H200 reference" in doc
+    assert "call4 ran that setup again beside its own" in doc
+
+
+def test_the_rules_off_control_failed_the_same_sequential_requests_on_flashinfer_0_7_2_and_0_7_4():
+    def failures(model, run, mode):
+        control = servers(model, run)["plugin-chunk256-page1-radixoff-rules0"]["verify"]["workloads"]
+        return {name: [(f["request"], f["prompt_tokens"]) for f in w["passes"][mode]["failures"]] for name, w in control.items()}
+    fi072, fi074 = failures("qwen2.5-7b", "call4", "sequential"), failures("qwen2.5-7b", "call3", "sequential")
+    assert fi072 == fi074 and sum(map(len, fi072.values())) == 59
+    assert {tokens % 1024 for failed in fi072.values() for _, tokens in failed} <= set(range(1, 9))
+    concurrent = failures("qwen2.5-7b", "call4", "concurrent")
+    assert {name: len(failed) for name, failed in concurrent.items()} == {"mixed": 1, "chat": 0, "tiles": 1}
+    assert not any(failures("qwen2.5-7b", "call3", "concurrent").values())
+    doc = flat(DOC)
+    assert "On 0.7.2 (call4) the same control failed 31.8%: **the same 59 requests in the sequential pass**" in doc
+    assert "and one concurrent request each on mixed and tiles" in doc
+
+
 def test_the_engine_reference_matched_itself():
     verified = ENGINE_REFERENCE["verify"]
     assert verified["ok"] and counts(ENGINE_REFERENCE) == (96, 96)
@@ -250,7 +284,7 @@ def test_the_readme_cites_the_same_figures_and_the_startup_clause_is_the_plugins
     readme = flat(README)
     assert (f"192 of 192 `verify` requests identical on {len(rows)} servers, the {len(fractions)} rules-off controls "
             f"failing {100 * min(fractions):.1f}-{100 * max(fractions):.1f}%;") in readme
-    assert "(one server on flashinfer 0.7.4)" in readme
+    assert "(one server on flashinfer 0.7.4, one on an H100)" in readme
     hybrid = servers("nemotron-h-8b", "call3")
     assert all(counts(hybrid[f"plugin-chunk{c}-page1-radixdefault"]) == (192, 192) for c in (256, 512))
     said = "Nemotron-H's hybrid 192 of 192 at chunks 256 and 512 (controls {:.1f}%, {:.1f}%)".format(
