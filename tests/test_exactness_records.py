@@ -213,6 +213,29 @@ def test_call4_ran_call2s_stack_on_an_h100_whose_reference_recorded_the_h200s_an
     assert "call4 ran that setup again beside its own" in doc
 
 
+def generate_times(archive, server):
+    """The server log's timestamps of its /generate requests, in seconds of the day."""
+    with tarfile.open(archive) as tar:
+        log = tar.extractfile(f"qwen2.5-7b-logs/{server}.log").read().decode()
+    stamps = [line[12:20] for line in log.splitlines() if '"POST /generate HTTP/1.1" 200' in line]
+    return [int(h) * 3600 + int(m) * 60 + int(s) for h, m, s in (stamp.split(":") for stamp in stamps)]
+
+
+def test_verifys_default_check_took_about_a_minute_on_an_8b_shape():
+    archive = RECORDS / "call4/qwen2.5-7b-logs.tgz"
+    plugin, control = (generate_times(archive, name) for name in (
+        "plugin-chunk256-page1-radixon", "plugin-chunk256-page1-radixoff-rules0"))
+    # Each server's first /generate is SGLang's own warmup; then verify's 192 (the reference: the 110 it recorded).
+    assert len(plugin) == 1 + 192 and plugin[-1] - plugin[0] == 69 and control[0] < plugin[-1]  # side by side
+    reference = generate_times(archive, "reference-page1")
+    recorded = len(json.loads(baseline_answers(archive)))
+    assert reference[recorded] - reference[0] == 26 and reference[recorded] < min(plugin + control)
+    doc = flat(DOC)
+    assert ("SGLang's warmup request at 16:32:50 and `verify`'s 192nd at 16:33:59, **69 s**, with the control "
+            "checked on the same GPU at the same time") in doc
+    assert "its 110 cold answers to record in 26 s" in doc
+
+
 def test_the_rules_off_control_failed_the_same_sequential_requests_on_flashinfer_0_7_2_and_0_7_4():
     def failures(model, run, mode):
         control = servers(model, run)["plugin-chunk256-page1-radixoff-rules0"]["verify"]["workloads"]
