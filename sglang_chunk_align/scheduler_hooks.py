@@ -155,7 +155,8 @@ def _log(startup, align):
         return
     logger.info(
         "sglang-chunk-align: prefill chunks aligned to %s (%s.prefill_chunk_align = %s); grid rules %s%s%s%s",
-        f"{align} tokens" if align else "nothing", type(startup.backend).__name__, startup.q_tile,
+        "nothing" if not align else "1 token (chunks start anywhere)" if align == 1 else f"{align} tokens",
+        type(startup.backend).__name__, startup.q_tile,
         _describe_rules(startup.rules, startup.declared) if startup.rules else "off" if startup.rules_available
         else "not available on this SGLang release",
         f"; radix cache {startup.radix}" if startup.radix else "",
