@@ -164,19 +164,20 @@ def speed(bench, shape, tensors):
             "timed": {m: timed_at(bench, tensors, tuned, m) for m in bench.timed_rows}}
 
 
-def measure(bench, models, dtypes):
-    results = []
-    seen = {}
+def measure(bench, models, dtypes, results, seen):
+    """Fills `seen` (shape: its bits and speed) as it goes, and `results` (a row per GEMM) a model at a
+    time, so that an interruption keeps every shape measured and no model's decode step half summed."""
     for dtype in dtypes:
         for model in models:
+            rows = []
             for layer, shape, per_step in bench.gemms_of(model, dtype):
                 if shape not in seen:
                     print(f"{model} {layer} {shape.key}", file=sys.stderr, flush=True)
                     tensors = bench.tensors(shape)
                     seen[shape] = {"shape": shape._asdict(), **bits(bench, shape, tensors),
                                    **speed(bench, shape, tensors)}
-                results.append({"model": model, "layer": layer, "per_decode_step": per_step, "shape": shape.key})
-    return results, list(seen.values())
+                rows.append({"model": model, "layer": layer, "per_decode_step": per_step, "shape": shape.key})
+            results += rows
 
 
 def decode_step_gemms(results, shapes, batch):
@@ -210,7 +211,7 @@ def verdict(shapes):
 
 
 def summary(doc):
-    lines = [f"{doc['verdict']}"]
+    lines = [f"{doc['verdict']}" + ("" if doc["complete"] else " INTERRUPTED: the shapes measured before SIGINT")]
     for s in doc["shapes"]:
         key = gemms.Shape(**s["shape"]).key
         for m, t in s["timed"].items():
@@ -253,6 +254,17 @@ def bench_for(parser, args):
     return bench
 
 
+def until_interrupted(fill):
+    """Runs `fill` (which keeps its results as it goes): True where it ended, False where SIGINT cut it
+    short (the GPU plan's time limit: gpu_steps.sh's `step`), so a probe writes what it has."""
+    try:
+        fill()
+    except KeyboardInterrupt:
+        print("interrupted: writing what was measured", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
 def write_json(path, doc):
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -268,15 +280,23 @@ def main(argv=None):
     bench = bench_for(parser, args)
     if bench is None:
         return 2
-    started = time.monotonic()
-    results, shapes = measure(bench, ["stand-in"] if args.stand_in else args.models, args.dtypes)
-    doc = {"environment": environment(bench), "rows": list(bench.rows), "decode_batch": DECODE_BATCH,
-           "results": results, "shapes": shapes, "verdict": verdict(shapes),
-           "decode_step_gemms": decode_step_gemms(results, shapes, DECODE_BATCH),
-           "seconds": round(time.monotonic() - started, 1)}
+    doc = measured(bench, ["stand-in"] if args.stand_in else args.models, args.dtypes)
     print(summary(doc))
     write_json(args.json, doc)
-    return 0 if doc["verdict"]["bit_compatible"] and doc["verdict"]["control_seen"] else 1
+    return 0 if doc["complete"] and doc["verdict"]["bit_compatible"] and doc["verdict"]["control_seen"] else 1
+
+
+def measured(bench, models, dtypes):
+    """The record of measure(): whole, or, where SIGINT cut it short (the GPU plan's time limit), what was
+    measured before it, marked incomplete."""
+    started = time.monotonic()
+    results, seen = [], {}
+    complete = until_interrupted(lambda: measure(bench, models, dtypes, results, seen))
+    shapes = list(seen.values())
+    return {"environment": environment(bench), "rows": list(bench.rows), "decode_batch": DECODE_BATCH,
+            "complete": complete, "results": results, "shapes": shapes, "verdict": verdict(shapes),
+            "decode_step_gemms": decode_step_gemms(results, shapes, DECODE_BATCH),
+            "seconds": round(time.monotonic() - started, 1)}
 
 
 if __name__ == "__main__":

@@ -4,6 +4,12 @@ config differs from stock, where stock or a fixed split is batch-variant, or whe
 not be seen. (Their runs under Triton's interpreter: TRITON_INTERPRET=1 python3 -m
 benchmarks.gemm_configs --stand-in, and the same for benchmarks.probe_split_k.)"""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from benchmarks import gemm_configs, probe_split_k
@@ -73,3 +79,37 @@ def _split_k_shape(fault=None):
 def test_the_split_k_probe_holds_only_batch_invariant_with_its_controls_seen(fault, holds):
     verdict = probe_split_k.verdict([_split_k_shape(fault)])
     assert all(verdict.values()) is holds
+
+
+INTERRUPTED = """
+import json, sys
+from benchmarks import gemm_configs
+bench = gemm_configs.Bench(stand_in=True)
+qkv, down = gemm_configs.stand_in_gemms("stand-in", "float16")
+
+def gemms_of(model, dtype):  # SIGINT lands in the second model, after one of its GEMMs was measured
+    yield qkv
+    if model == "second":
+        yield down
+        raise KeyboardInterrupt
+
+bench.gemms_of = gemms_of
+doc = gemm_configs.measured(bench, ["first", "second"], ["float16"])
+json.dump({"doc": doc, "summary": gemm_configs.summary(doc)}, sys.stdout)
+"""
+
+
+def test_an_interrupted_run_keeps_each_shape_measured_and_no_half_summed_decode_step():
+    """The GPU plan's time limit interrupts a probe with SIGINT: the record keeps both shapes measured,
+    is marked incomplete, and sums the decode step of the first model only. SGLang's kernel runs
+    under Triton's interpreter, which must be set before Triton is imported: a process of its own."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-c", INTERRUPTED], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout)
+    doc = found["doc"]
+    assert doc["complete"] is False and len(doc["shapes"]) == 2
+    assert [row["model"] for row in doc["results"]] == ["first"]
+    assert list(doc["decode_step_gemms"]) == ["first float16"]
+    assert "INTERRUPTED" in found["summary"].splitlines()[0]
