@@ -10,6 +10,7 @@ where they do not reach radix hits and the tree (so the radix cache stays off th
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -105,6 +106,13 @@ def triton_before_the_stock_check(monkeypatch):
     for row in rows:
         monkeypatch.setattr(TritonAttnBackend, row.class_and_attribute[1], row.value, raising=False)
     yield TritonAttnBackend
+
+
+def sigint_at_default():
+    """preexec_fn for a child that a test interrupts with SIGINT, as Ctrl-C at a terminal would. A shell
+    starts a background job (`&` without job control: nohup, a CI runner) with SIGINT ignored, and a
+    Python started so never raises KeyboardInterrupt: the test would see a run nothing interrupted."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _run_python(code, **env):

@@ -20,6 +20,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from conftest import sigint_at_default
 from test_verify import FAST, IDS, VOCAB, StandIn, run_verify
 
 from sglang_chunk_align.tools import verify
@@ -247,5 +248,5 @@ def test_ctrl_c_stops_verify_engine_rather_than_becoming_a_report():
     tests = pathlib.Path(__file__).resolve().parent
     path = os.pathsep.join(filter(None, [str(tests), str(tests.parent), os.environ.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", CTRL_C_MID_CHECK], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": path})
+                          env={**os.environ, "PYTHONPATH": path}, preexec_fn=sigint_at_default)
     assert (done.returncode, done.stderr.strip().splitlines()[-1:], done.stdout) == (1, ["KeyboardInterrupt"], "")

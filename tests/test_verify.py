@@ -36,6 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import sigint_at_default
 
 from sglang_chunk_align import PREFILL_Q_TILE_TOKENS
 from sglang_chunk_align.tools import verify
@@ -810,7 +811,8 @@ def test_an_interrupted_verify_reports_the_workloads_it_compared_and_sends_nothi
     process = subprocess.Popen(
         [sys.executable, "-m", "sglang_chunk_align.tools.cli", "verify", "--server", server.url, "--reference",
          reference.url, *FAST, *IDS, "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": pythonpath})
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": pythonpath},
+        preexec_fn=sigint_at_default)
     deadline = time.monotonic() + 60
     while len(server.bodies) < interrupt_at and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.01)
