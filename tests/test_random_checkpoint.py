@@ -17,7 +17,7 @@ SMALL = dict(num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_at
 # Nemotron-H: one Mamba2 layer and one attention layer, its hybrid pattern kept.
 SHRINK = {"nemotron-h-8b": dict(hybrid_override_pattern="M*", attention_head_dim=64, mamba_num_heads=8,
                                 mamba_head_dim=16, n_groups=2, ssm_state_size=16, chunk_size=16, pad_token_id=0)}
-MODELS = ("qwen2.5-7b", "llama-3.1-8b", "nemotron-h-8b")
+MODELS = ("qwen2.5-7b", "llama-3.1-8b", "llama-3.2-3b", "nemotron-h-8b")
 
 
 def shrunk(tmp_path, model, **changes):
@@ -78,7 +78,7 @@ def test_a_random_checkpoint_loads_as_the_models_own_with_well_scaled_values(tmp
     if model == "nemotron-h-8b":
         assert any(n.endswith("dt_bias") for n in written)  # Mamba's, a bias too
     else:
-        assert biases or model == "llama-3.1-8b"  # Qwen2's q/k/v biases
+        assert biases or model.startswith("llama")  # Qwen2's q/k/v biases
     largest = max(written.values(), key=torch.Tensor.numel).float()
     assert abs(largest.std().item() / 0.02 - 1) < 0.03 and abs(largest.mean().item()) < 0.001
     note = json.loads((out / random_checkpoint.NOTE).read_text())
