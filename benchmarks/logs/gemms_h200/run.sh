@@ -17,6 +17,7 @@
 #            deterministic triton with and without the GEMM configs, each deterministic setup verified.
 #
 #   usage: OUT=DIR [PY=python3] [STEPS="bits micro splitk profile serving"] [MICRO_MODELS="qwen2.5-7b ..."]
+#          [BITS_LIMIT=420 MICRO_LIMIT=900 SPLITK_LIMIT=300 PROFILE_LIMIT=420 SERVING_LIMIT=840] (seconds)
 #          bash benchmarks/logs/gemms_h200/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). Planned
 # durations (a warm machine; the first compiles of SGLang's kernel with each config dominate bits and micro):
@@ -34,14 +35,14 @@ mkdir -p "$out"
 record_stack ""
 for s in $steps; do
   case $s in
-    bits) step gemm-bits 420 $py -m pytest -q -n 0 -rs tests/gpu/test_gemm_bits.py;;
-    micro) step gemm-configs 900 $py -m benchmarks.gemm_configs ${MICRO_MODELS:+--models $MICRO_MODELS} \
+    bits) step gemm-bits ${BITS_LIMIT:-420} $py -m pytest -q -n 0 -rs tests/gpu/test_gemm_bits.py;;
+    micro) step gemm-configs ${MICRO_LIMIT:-900} $py -m benchmarks.gemm_configs ${MICRO_MODELS:+--models $MICRO_MODELS} \
              --json "$out/gemm_configs.json";;
-    splitk) step probe-split-k 300 $py -m benchmarks.probe_split_k --json "$out/probe_split_k.json";;
-    profile) stand_in; step profile 420 $py benchmarks/profile_determinism.py --model-path $qwen $weights \
+    splitk) step probe-split-k ${SPLITK_LIMIT:-300} $py -m benchmarks.probe_split_k --json "$out/probe_split_k.json";;
+    profile) stand_in; step profile ${PROFILE_LIMIT:-420} $py benchmarks/profile_determinism.py --model-path $qwen $weights \
                --setups plugin-256-defaults,plugin-256-gemms,nondet-256 --out "$out/profile.json" \
                --logs "$out/profile-logs";;
-    serving) stand_in; step serving 840 $py benchmarks/serving.py --model-path $qwen $weights \
+    serving) stand_in; step serving ${SERVING_LIMIT:-840} $py benchmarks/serving.py --model-path $qwen $weights \
                --setups plugin-256-defaults,plugin-256-gemms,nondet-256,triton-256,triton-256-gemms \
                --workloads rl,agent --repeat-setups "" --skip-long-prompts --deadline-s 700 \
                --out "$out/serving.json" --logs "$out/serving-logs";;
