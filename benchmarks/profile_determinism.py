@@ -72,7 +72,7 @@ def main(argv=None):
     parser.add_argument("--chunk-tokens", type=int, default=256, help="chunk: new tokens per step over the cached prefix")
     parser.add_argument("--steps", type=int, default=8, help="forward steps per profile")
     parser.add_argument("--mem-fraction-static", type=float, default=0.9)
-    parser.add_argument("--max-total-tokens", type=int, default=200000, help="each server's KV pool (side by side)")
+    parser.add_argument("--max-total-tokens", type=int, default=200000, help="each server's KV pool")
     parser.add_argument("--graph-bs", type=int, default=160)
     parser.add_argument("--port", type=int, default=33000)
     parser.add_argument("--logs", default=None, help="server logs and the traces")
@@ -97,33 +97,34 @@ def main(argv=None):
     run = real_server.start_run(parser, args, real_server.Run)
     run.results = {"stack": real_server.stack(), "model": run.config, "categories": CATEGORIES,
                    "workload": {k: getattr(args, k) for k in ("batch", "context", "chunk_tokens", "steps")}, "setups": []}
-    names = args.setups.split(",")
-    servers = {}
     try:
-        for name in names:  # side by side: a profile measures kernels, which an idle neighbour leaves alone
-            servers[name] = serving.start_setup(run, name)  # each with --max-total-tokens, not its setup's own pool
-        for name in names:
-            run.record(profile_setup(run, name, servers[name]), "setups")
+        for name in args.setups.split(","):
+            run.record(profile_setup(run, name), "setups")
     finally:
-        for server in servers.values():
-            server.stop()
         run.save()
     print(json.dumps(summary(run.results), indent=1))
     return 0 if all("error" not in s and all("error" not in p for p in s["scenarios"].values())
                     for s in run.results["setups"]) else 1
 
 
-def profile_setup(run, name, server):
-    entry = serving.ready(name, server)
-    if "error" in entry:
+def profile_setup(run, name):
+    """The setup's server alone on the GPU, started, profiled and stopped before the next one starts: three
+    8B servers side by side do not fit an 80 GB H100 (gemms_h200/call1), and a neighbour starting up
+    would share the GPU with the kernels being timed. Each gets --max-total-tokens, not its setup's own pool."""
+    server = serving.start_setup(run, name)
+    try:
+        entry = serving.ready(name, server)
+        if "error" in entry:
+            return entry
+        entry["scenarios"] = {}
+        for scenario in SCENARIOS:
+            try:
+                entry["scenarios"][scenario] = SCENARIO_RUNS[scenario](run, server, name)
+            except REQUEST_ERRORS as error:
+                entry["scenarios"][scenario] = {"error": f"{type(error).__name__}: {error}"[:1000]}
         return entry
-    entry["scenarios"] = {}
-    for scenario in SCENARIOS:
-        try:
-            entry["scenarios"][scenario] = SCENARIO_RUNS[scenario](run, server, name)
-        except REQUEST_ERRORS as error:
-            entry["scenarios"][scenario] = {"error": f"{type(error).__name__}: {error}"[:1000]}
-    return entry
+    finally:
+        server.stop()
 
 
 def decode(run, server, name):

@@ -274,14 +274,16 @@ def test_weights_that_cannot_be_written_are_a_usage_error(tmp_path, capsys):
 
 
 def test_each_setup_starts_as_serving_starts_it_in_the_pool_of_max_total_tokens(tmp_path, monkeypatch):
-    """The profiled servers are serving.py's setups, started by its start_setup; side by side, each gets
-    --max-total-tokens, stock-4096's pool for the GPU alone included. One that does not come up is its
-    setup's error, and the run's exit 1."""
-    started = []
+    """The profiled servers are serving.py's setups, started by its start_setup, one at a time (each stopped
+    before the next starts: an H100 cannot hold three); each gets --max-total-tokens, stock-4096's own pool
+    included. One that does not come up is its setup's error, and the run's exit 1."""
+    started, events = [], []
 
     class Down:
         def __init__(self, run, name, chunk, page, env, **options):
+            self.name = name
             started.append((name, chunk, options["backend"], options["max_total_tokens"], options["decode_graph_bs"]))
+            events.append(("start", name))
 
         def describe(self):
             return {"name": "described"}
@@ -293,7 +295,7 @@ def test_each_setup_starts_as_serving_starts_it_in_the_pool_of_max_total_tokens(
             return "it did not start"
 
         def stop(self):
-            pass
+            events.append(("stop", self.name))
 
     monkeypatch.setattr(serving, "Server", Down)
     monkeypatch.setattr(real_server, "stack", lambda: {})
@@ -301,4 +303,5 @@ def test_each_setup_starts_as_serving_starts_it_in_the_pool_of_max_total_tokens(
     assert profile.main(["--model-path", str(tmp_path), "--dummy", "--setups", "stock-4096,triton-256", "--graph-bs", "8",
                          "--logs", str(tmp_path), "--out", str(out)]) == 1
     assert started == [("stock-4096", 4096, "flashinfer", None, 8), ("triton-256", 256, "triton", None, 8)]
+    assert events == [("start", "stock-4096"), ("stop", "stock-4096"), ("start", "triton-256"), ("stop", "triton-256")]
     assert [s["error"] for s in json.loads(out.read_text())["setups"]] == ["it did not start"] * 2

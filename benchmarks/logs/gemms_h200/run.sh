@@ -5,23 +5,26 @@
 # load on the machine's torch 2.11, where a full SGLang 0.5.23 install on sm90 sends bf16 GEMMs to DeepGEMM.
 #
 #   bits     tests/gpu/test_gemm_bits.py: every config the plugin may tune against stock's bits at M 1-4,096
-#            on Qwen2.5-7B's qkv and down, bf16 and fp16, cuBLAS the control that must differ;
+#            on Qwen2.5-7B's qkv and down, bf16 and fp16; controls that must differ: half of stock's BLOCK_K
+#            on every shape, cuBLAS on some (BITS_K: pytest's -k, to run some of its tests);
 #   micro    benchmarks/gemm_configs.py: every GEMM of six model families, 27 configs each against stock's
 #            bits at M up to 16,384, the plugin's tuner, and stock/tuned/cuBLAS times at M up to 256;
 #   splitk   benchmarks/probe_split_k.py: fast mode measured before it is built, a split-K fixed per shape at
 #            1, 2, 4 and 8 splits on Qwen2.5-7B's GEMMs, batch invariance, bits, time against the tuned configs;
 #   profile  benchmarks/profile_determinism.py on Qwen2.5-7B's random checkpoint: one decode step of 64
 #            requests with 2k tokens of context, the plugin's defaults with stock's GEMM config and with
-#            SGLANG_CHUNK_ALIGN_GEMMS=1, beside non-deterministic flashinfer;
+#            SGLANG_CHUNK_ALIGN_GEMMS=1, beside non-deterministic flashinfer, one server at a time;
 #   serving  benchmarks/serving.py on the same checkpoint, rollouts and agents: the same three setups and
 #            deterministic triton with and without the GEMM configs, each deterministic setup verified.
 #
 #   usage: OUT=DIR [PY=python3] [STEPS="bits micro splitk profile serving"] [MICRO_MODELS="qwen2.5-7b ..."]
-#          [BITS_LIMIT=420 MICRO_LIMIT=900 SPLITK_LIMIT=300 PROFILE_LIMIT=420 SERVING_LIMIT=840] (seconds)
+#          [BITS_K=EXPRESSION] [BITS_LIMIT=420 MICRO_LIMIT=900 SPLITK_LIMIT=300 PROFILE_LIMIT=480 SERVING_LIMIT=840]
+#          (seconds)
 #          bash benchmarks/logs/gemms_h200/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). Planned
 # durations (a warm machine; the first compiles of SGLang's kernel with each config dominate bits and micro):
-# bits about 3 min, micro about 8 min, splitk about 2 min, profile about 5 min (three servers side by side), serving 12-14 min.
+# bits about 2 min, micro about 5 min, splitk about 2 min (call1), profile about 6 min (three servers in turn; side
+# by side they did not fit call1's H100), serving 12-14 min.
 # A cold machine's start cost about 450 s of device time on 2026-12-05 (exactness_h200/COMMANDS.md, call3), leaving
 # about 22 minutes of a session's 30: STEPS="bits micro splitk profile" in one session, STEPS=serving in the next.
 set -u
@@ -35,11 +38,11 @@ mkdir -p "$out"
 record_stack ""
 for s in $steps; do
   case $s in
-    bits) step gemm-bits ${BITS_LIMIT:-420} $py -m pytest -q -n 0 -rs tests/gpu/test_gemm_bits.py;;
+    bits) step gemm-bits ${BITS_LIMIT:-420} $py -m pytest -q -n 0 -rs -s ${BITS_K:+-k "$BITS_K"} tests/gpu/test_gemm_bits.py;;
     micro) step gemm-configs ${MICRO_LIMIT:-900} $py -m benchmarks.gemm_configs ${MICRO_MODELS:+--models $MICRO_MODELS} \
              --json "$out/gemm_configs.json";;
     splitk) step probe-split-k ${SPLITK_LIMIT:-300} $py -m benchmarks.probe_split_k --json "$out/probe_split_k.json";;
-    profile) stand_in; step profile ${PROFILE_LIMIT:-420} $py benchmarks/profile_determinism.py --model-path $qwen $weights \
+    profile) stand_in; step profile ${PROFILE_LIMIT:-480} $py benchmarks/profile_determinism.py --model-path $qwen $weights \
                --setups plugin-256-defaults,plugin-256-gemms,nondet-256 --out "$out/profile.json" \
                --logs "$out/profile-logs";;
     serving) stand_in; step serving ${SERVING_LIMIT:-840} $py benchmarks/serving.py --model-path $qwen $weights \
