@@ -5,7 +5,7 @@
 # load on the machine's torch 2.11, where a full SGLang 0.5.23 install on sm90 sends bf16 GEMMs to DeepGEMM.
 #
 #   bits     tests/gpu/test_gemm_bits.py: every config the plugin may tune against stock's bits at M 1-4,096
-#            on Qwen2.5-7B's qkv and down, bf16 and fp16; controls that must differ: half of stock's BLOCK_K
+#            on Qwen2.5-7B's qkv and down, bf16 and fp16; controls that must differ: K summed in reverse
 #            on every shape, cuBLAS on some (BITS_K: pytest's -k, to run some of its tests);
 #   micro    benchmarks/gemm_configs.py: every GEMM of six model families, 27 configs each against stock's
 #            bits at M up to 16,384, the plugin's tuner, and stock/tuned/cuBLAS times at M up to 256;
