@@ -1,5 +1,5 @@
-"""Probe (GPU): issue 47's fast mode, measured before it is built. Does a split-K with the split fixed
-for every M stay batch-invariant, and does it beat the plugin's bit-compatible configs at decode sizes?
+"""Probe (GPU): issue 47's fast mode (sglang_chunk_align/split_k.py) at every split. Does a split-K with
+the split fixed for every M stay batch-invariant, and does it beat the bit-compatible configs at decode sizes?
 
 At decode sizes a GEMM streams its weight; with few output tiles, few SMs stream it. The
 bit-compatible configs (gemms.py) add tiles by narrowing them, down to 32 columns. A split-K adds
@@ -10,7 +10,7 @@ sum is one order at every batch size: batch-invariant by construction, with othe
 stock's (stock has one K range). SPLITS 1 is stock's own sum, so its bits must equal stock's.
 
 For each GEMM of Qwen2.5-7B's shape (benchmarks/gemm_configs.model_gemms), bf16, at each split of
-SPLITS with the tile config of each M's bucket (16 rows below 17, else 64; 64 columns):
+SPLITS with split_k.py's tile for each M (split_k.tile_for):
 
 - batch invariance: each M's rows against the rows of the largest M, and each row of M against
   that row alone (M = 1);
@@ -31,77 +31,23 @@ import json
 import sys
 
 import triton
-import triton.language as tl
 
 from benchmarks.gemm_configs import bench_for, model_gemms, probe_parser, timed_at, until_interrupted, write_json
-from sglang_chunk_align import gemms
+from sglang_chunk_align import gemms, split_k
 
-SPLITS = (1, 2, 4, 8)
+SPLITS = split_k.SPLITS
 ROWS = (1, 3, 16, 17, 64, 200, 256, 1000)
 TIMED_ROWS = (1, 8, 16, 32, 64)
 STAND_IN_ROWS = (1, 3, 16, 17, 40)
-BLOCK_N = 64
-SUM_BLOCK = 1024
 # Under the interpreter a split sums its partial as the kernel's one K loop would, block by block, so
 # only a split of several BLOCK_K blocks regroups the sum (K of 16 and 17 blocks of fp32's 32); and
 # fp32 outputs keep the last bits that a 16-bit output would mostly round away in so few rows.
 STAND_IN_GEMMS = (("qkv", gemms.Shape("float32", 96, 512, True)), ("down", gemms.Shape("float32", 40, 520, False)))
 
 
-@triton.jit
-def split_k_partials(a_ptr, b_ptr, p_ptr, M, N, K, K_PER_SPLIT, stride_am, stride_ak, stride_bk, stride_bn,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program (tile, split): the tile's sum over K in [split * K_PER_SPLIT, + K_PER_SPLIT), stock's
-    BLOCK_K loop, into the split's fp32 partial."""
-    tile, split = tl.program_id(0), tl.program_id(1)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    offs_m = (tile // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = (tile % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows, cols = tl.where(offs_m < M, offs_m, 0), tl.where(offs_n < N, offs_n, 0)
-    accumulator = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in range(0, K_PER_SPLIT, BLOCK_K):
-        offs_k = split * K_PER_SPLIT + step + tl.arange(0, BLOCK_K)
-        a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak, mask=offs_k[None, :] < K,
-                    other=0.0)
-        b = tl.load(b_ptr + offs_k[:, None] * stride_bk + cols[None, :] * stride_bn, mask=offs_k[:, None] < K,
-                    other=0.0)
-        accumulator = tl.dot(a, b, accumulator)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(p_ptr + split * M * N + offs_m[:, None] * N + offs_n[None, :], accumulator, mask=mask)
-
-
-@triton.jit
-def ordered_sum(p_ptr, bias_ptr, c_ptr, M, N, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """Each output: partial 0, plus partial 1, ... in that order, plus the bias, then its dtype."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < M * N
-    total = tl.load(p_ptr + offs, mask=mask, other=0.0)
-    for split in tl.static_range(1, SPLITS):
-        total += tl.load(p_ptr + split * M * N + offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        total += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    tl.store(c_ptr + offs, total.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-def split_k(a, b, bias, splits, block_m):
-    """a @ b (+ bias) in `splits` fixed K ranges of stock's BLOCK_K."""
-    import torch
-
-    (m, k), n = a.shape, b.shape[1]
-    block_k = gemms.STOCK[gemms.dtype_name(a.dtype)].block_k
-    k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
-    partials = torch.empty((splits, m, n), device=a.device, dtype=torch.float32)
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, BLOCK_N)
-    split_k_partials[(tiles, splits)](a, b, partials, m, n, k, k_per_split, a.stride(0), a.stride(1), b.stride(0),
-                                      b.stride(1), BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k)
-    c = torch.empty((m, n), device=a.device, dtype=a.dtype)
-    ordered_sum[(triton.cdiv(m * n, SUM_BLOCK),)](partials, bias, c, m, n, SPLITS=splits,
-                                                  HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK)
-    return c
-
-
-def block_m_for(m):
-    return 16 if m <= 16 else 64
+def run_split(a, b, bias, splits):
+    """a @ b (+ bias) as the runtime's fast mode runs it (split_k.launch), `splits` K ranges."""
+    return split_k.launch(a, b, a.dtype, bias, splits, gemms.STOCK[gemms.dtype_name(a.dtype)].block_k)
 
 
 def split_by_m(m):
@@ -116,19 +62,19 @@ def check(tensors, rows):
     stock = {m: gemms.stock(a[:m], b, a.dtype, bias) for m in rows}
 
     def run(m, splits):
-        return split_k(a[:m], b, bias, splits, block_m_for(m))
+        return run_split(a[:m], b, bias, splits)
 
     found = {}
     for splits in SPLITS:
         out = {m: run(m, splits) for m in rows}
-        alone = [split_k(a[i:i + 1], b, bias, splits, block_m_for(1)) for i in range(3)]
+        alone = [run_split(a[i:i + 1], b, bias, splits) for i in range(3)]
         found[splits] = {
             "rows_differ_from_largest_m": [m for m in rows if not gemms.same_bits(out[m], out[largest][:m])],
             "rows_differ_from_alone": [m for m in rows if not all(
                 gemms.same_bits(out[m][i:i + 1], alone[i]) for i in range(min(m, 3)))],
             "differs_from_stock_at": [m for m in rows if not gemms.same_bits(out[m], stock[m])],
         }
-    control = {m: split_k(a[:m], b, bias, split_by_m(m), block_m_for(m)) for m in rows}
+    control = {m: run_split(a[:m], b, bias, split_by_m(m)) for m in rows}
     found["control_rows_differ_from_largest_m"] = [
         m for m in rows if not gemms.same_bits(control[m], control[largest][:m])]
     return found
@@ -139,7 +85,7 @@ def timing(bench, shape, tensors, rows):
     a, weight, bias = tensors
     tuned, _ = gemms.tune(shape, weight, bias, bench.clock)
     return {m: {**timed_at(bench, tensors, tuned, m),
-                **{f"split_{s}_s": bench.seconds(lambda: split_k(a[:m], weight.t(), bias, s, block_m_for(m)))
+                **{f"split_{s}_s": bench.seconds(lambda: run_split(a[:m], weight.t(), bias, s))
                    for s in SPLITS}}
             for m in rows}
 

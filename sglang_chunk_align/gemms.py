@@ -97,18 +97,27 @@ def candidates(dtype, top):
 
 
 class Table:
-    """The configs this process serves: {Shape: {bucket top: Config}}; a bucket left out keeps stock's."""
+    """What this process serves: configs {Shape: {bucket top: Config}} (a bucket left out keeps
+    stock's), and in fast mode splits {Shape: K's ranges} (split_k.py), at every M."""
 
-    def __init__(self, configs):
+    def __init__(self, configs, splits=None):
         self.configs = configs
+        self.splits = splits or {}
         self._untuned = set()  # shapes seen without a config, each reported once
+
+    @staticmethod
+    def shape(a, b, out_dtype, bias):
+        """The call's Shape, or None where it is not one a config or a split is proven for."""
+        if out_dtype != a.dtype or a.stride(1) != 1 or b.stride(0) != 1:
+            return None
+        return Shape(dtype_name(a.dtype), b.shape[1], b.shape[0], bias is not None)
 
     def config(self, a, b, out_dtype, bias):
         """The config for this call, or None for stock's."""
         top = bucket(a.shape[0])
-        if top is None or out_dtype != a.dtype or a.stride(1) != 1 or b.stride(0) != 1:
+        shape = self.shape(a, b, out_dtype, bias)
+        if top is None or shape is None:
             return None
-        shape = Shape(dtype_name(a.dtype), b.shape[1], b.shape[0], bias is not None)
         tuned = self.configs.get(shape)
         if tuned is None:
             if shape not in self._untuned:
@@ -133,6 +142,11 @@ def per_m_config(wrapped, instance, args, kwargs):
     if _table is None:
         return wrapped(*args, **kwargs)
     a, b, out_dtype, bias = _gemm_args(*args, **kwargs)
+    splits = _table.splits.get(_table.shape(a, b, out_dtype, bias)) if _table.splits else None
+    if splits:
+        from . import split_k
+
+        return split_k.launch(a, b, out_dtype, bias, splits, STOCK[dtype_name(a.dtype)].block_k)
     config = _table.config(a, b, out_dtype, bias)
     if config is None:
         return wrapped(*args, **kwargs)
@@ -255,34 +269,63 @@ def tune_at_startup(wrapped, instance, args, kwargs):
     """Wraps ModelRunner.configure_kv_cache_dtype, the step after SGLang turns batch-invariant ops
     on (ModelRunner.initialize): the model is loaded, its KV cache not yet sized, its CUDA graphs
     not yet captured. Each shape is tuned once per process: a second runner (a draft model's)
-    keeps the first one's configs and adds its own shapes."""
+    keeps the first one's configs and splits and adds its own shapes."""
     import torch
 
     from sglang.srt.batch_invariant_ops import is_batch_invariant_mode_enabled
 
     # CUDA (or ROCm) only: elsewhere (NPU) SGLang's batch-invariant GEMMs are not the Triton kernel.
     if is_batch_invariant_mode_enabled() and torch.cuda.is_available():
-        activate(startup_table(instance.model, _table.configs if _table is not None else {}))
+        activate(startup_table(instance.model, _table))
     return wrapped(*args, **kwargs)
 
 
-def startup_table(model, known, tune_shape=None):
-    """The Table for `model` and the `known` {Shape: configs} (None where the switch keeps stock's
-    config), and the startup line. `tune_shape(shape, weight, bias)` -> tune()'s answer; None: tune()
-    on this GPU's clock."""
-    from .compat import GEMMS_ENV, SWITCHES, env_flag
+def startup_table(model, previous, tune_shape=None):
+    """The Table for `model`, keeping what the `previous` Table (or None) serves, and the startup
+    lines; None where both switches keep stock's one config. `tune_shape(shape, weight, bias)` ->
+    tune()'s answer; None: tune() on this GPU's clock."""
+    from .compat import FAST_GEMMS_ENV, GEMMS_ENV, SWITCHES, env_flag
 
-    if not env_flag(GEMMS_ENV, SWITCHES[GEMMS_ENV]):
+    per_m, fast = (env_flag(name, SWITCHES[name]) for name in (GEMMS_ENV, FAST_GEMMS_ENV))
+    if not (per_m or fast):
         logger.info("sglang-chunk-align: batch-invariant GEMMs keep stock's one config (%s=0)", GEMMS_ENV)
         return None
-    import torch
-
-    tune_shape = tune_shape or (lambda shape, weight, bias: tune(shape, weight, bias, gpu_clock))
+    known = Table({}) if previous is None else previous
     shapes = model_shapes(model)
     if not shapes:
         logger.info("sglang-chunk-align: no GEMM of this model reaches SGLang's Triton kernel%s: nothing to tune",
                     " (bf16 GEMMs run on DeepGEMM)" if _deepgemm_on() else "")
-        return Table(dict(known))
+        return Table(dict(known.configs), dict(known.splits))
+    splits = split_shapes(shapes) if fast else {}
+    rest = {shape: tensors for shape, tensors in shapes.items() if shape not in splits}
+    if not per_m:
+        logger.info("sglang-chunk-align: the other batch-invariant GEMMs keep stock's one config (%s=0)", GEMMS_ENV)
+    configs = tuned_configs(rest, known.configs, tune_shape) if per_m and rest else {}
+    return Table({**known.configs, **configs}, {**known.splits, **splits})
+
+
+def split_shapes(shapes):
+    """Fast mode's {Shape: K's ranges} for the model's `shapes` whose split (split_k.splits_for) is
+    above 1, and its startup line; the others keep the per-M configs and stock's bits."""
+    from . import split_k
+    from .compat import FAST_GEMMS_ENV
+
+    splits = {shape: count for shape in shapes if (count := split_k.splits_for(shape.n, shape.k)) > 1}
+    logger.info(
+        "sglang-chunk-align: fast GEMMs (%s=1) sum K as fixed ranges per shape, the same at every M, for %d of the "
+        "model's %d Triton GEMM shapes (%s): batch-invariant, but not stock's bits, so check this server against a "
+        "reference with the same switch (chunking and radix cache off), never a stock one",
+        FAST_GEMMS_ENV, len(splits), len(shapes),
+        ", ".join(f"{shape.key}: {count}" for shape, count in sorted(splits.items())) or "none wins")
+    return splits
+
+
+def tuned_configs(shapes, known, tune_shape=None):
+    """{Shape: {bucket top: Config}} for `shapes` ({Shape: (weight, bias)}): the `known` ones, those in
+    this GPU's cache, the rest tuned (and cached); and the startup line."""
+    import torch
+
+    tune_shape = tune_shape or (lambda shape, weight, bias: tune(shape, weight, bias, gpu_clock))
     path = cache_path(next(iter(shapes.values()))[0].device)
     cached = {**read_cache(path), **known}
     started, configs, notes = time.monotonic(), {}, []
@@ -301,14 +344,14 @@ def startup_table(model, known, tune_shape=None):
     if fresh:
         write_cache(path, {**cached, **configs})
     _log_startup(shapes, configs, len(fresh), time.monotonic() - started, path, notes)
-    return Table(configs)
+    return configs
 
 
 def _log_startup(shapes, configs, fresh, seconds, path, notes):
     faster = sorted(shape.key for shape, tuned in configs.items() if tuned)
     logger.info(
-        "sglang-chunk-align: batch-invariant GEMMs run stock's kernel with a tile config per M for %d of the "
-        "model's %d Triton GEMM shapes (%s), each checked for stock's bits on this GPU (%d tuned in %.1f s, "
+        "sglang-chunk-align: batch-invariant GEMMs run stock's kernel with a tile config per M for %d of %d "
+        "Triton GEMM shapes (%s), each checked for stock's bits on this GPU (%d tuned in %.1f s, "
         "%d read from %s); M above %d, the other shapes%s keep stock's config",
         len(faster), len(shapes), ", ".join(faster) or "none faster", fresh, seconds, len(configs) - fresh, path,
         BUCKETS[-1], " and bf16 GEMMs on DeepGEMM" if _deepgemm_on() else "")

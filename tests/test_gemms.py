@@ -190,7 +190,7 @@ def test_model_shapes_are_the_unquantized_linear_layers_one_per_shape():
 def test_the_switch_off_keeps_stock_config_and_says_so(monkeypatch, caplog):
     monkeypatch.setenv(GEMMS_ENV, "0")
     with caplog.at_level(logging.INFO, logger="sglang_chunk_align"):
-        assert gemms.startup_table(model=None, known={}) is None
+        assert gemms.startup_table(model=None, previous=None) is None
     assert f"batch-invariant GEMMs keep stock's one config ({GEMMS_ENV}=0)" in caplog.text
 
 
@@ -210,18 +210,18 @@ def test_the_startup_line_counts_tuned_and_cached_shapes_and_names_other_bits(mo
     gemms.write_cache(path, {cached_shape: {16: fast}})
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     with caplog.at_level(logging.INFO, logger="sglang_chunk_align"):
-        table = gemms.startup_table(model, known={}, tune_shape=lambda shape, weight, bias: ({}, [other_bits]))
+        table = gemms.startup_table(model, None, tune_shape=lambda shape, weight, bias: ({}, [other_bits]))
     assert table.configs == {cached_shape: {16: fast}, fresh_shape: {}}
     assert gemms.read_cache(path) == table.configs  # the fresh shape is cached too
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith(
-        "sglang-chunk-align: batch-invariant GEMMs run stock's kernel with a tile config per M for 1 of the model's 2 "
+        "sglang-chunk-align: batch-invariant GEMMs run stock's kernel with a tile config per M for 1 of 2 "
         "Triton GEMM shapes (float16 96x128), each checked for stock's bits on this GPU (1 tuned in ")
     assert f"1 read from {path}); M above 256, the other shapes keep stock's config" in lines[0]
     assert lines[1] == f"sglang-chunk-align: GEMM float16 64x96: {other_bits} gave bits other than stock's, not used"
     # A second runner in the process (a draft model's) keeps what the first tuned and tunes nothing again.
     os.remove(path)
-    again = gemms.startup_table(model, known=table.configs, tune_shape=lambda *shape: pytest.fail("tuned again"))
+    again = gemms.startup_table(model, table, tune_shape=lambda *shape: pytest.fail("tuned again"))
     assert again.configs == table.configs
 
 
@@ -231,7 +231,7 @@ def test_a_model_without_triton_gemms_tunes_nothing_and_says_so(monkeypatch, cap
 
     monkeypatch.delenv(GEMMS_ENV, raising=False)
     with caplog.at_level(logging.INFO, logger="sglang_chunk_align"):
-        table = gemms.startup_table(torch.nn.Sequential(torch.nn.Linear(8, 8)), known={},
+        table = gemms.startup_table(torch.nn.Sequential(torch.nn.Linear(8, 8)), None,
                                     tune_shape=lambda *shape: pytest.fail("nothing to tune"))
     assert table.configs == {}
     assert "no GEMM of this model reaches SGLang's Triton kernel: nothing to tune" in caplog.text
@@ -251,7 +251,7 @@ def test_a_shape_that_cannot_be_tuned_keeps_stock_config_and_says_why(monkeypatc
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     model = torch.nn.Sequential(ReplicatedLinear(128, 96, bias=False, params_dtype=torch.float16))
     with caplog.at_level(logging.WARNING, logger="sglang_chunk_align"):
-        table = gemms.startup_table(model, known={}, tune_shape=out_of_memory)
+        table = gemms.startup_table(model, None, tune_shape=out_of_memory)
     assert table.configs == {}
     assert ("GEMM float16 96x128 keeps stock's config: tuning failed (OutOfMemoryError: CUDA out of memory)"
             in caplog.text)

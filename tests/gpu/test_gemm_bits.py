@@ -6,7 +6,8 @@ on some shape: its bits differ from stock's, or its rows from its own at the lar
 on every shape: on an H100 (gemms_h200/call1) it gave stock's bits at every M on qkv with its bias.
 Half of stock's BLOCK_K is no control on Hopper: on call2's H100 it gave stock's bits on all four
 shapes (the MMA adds each 16-wide slice of K in order, whatever BLOCK_K is). The tuner itself, run on
-the GPU, must admit a config of stock's bits for every bucket it reports.
+the GPU, must admit a config of stock's bits for every bucket it reports. Fast mode (split_k.py) must be
+batch-invariant, its control a split chosen by M.
 
 Needs a CUDA GPU and SGLang 0.5.20 or newer; without them the module is skipped with the reason.
 The full sweep over the supported model families, with timings, is benchmarks/gemm_configs.py.
@@ -86,6 +87,29 @@ def test_cublas_the_control_differs_from_stock_on_some_shape():
                            or not gemms.same_bits(cublas[m], cublas[largest][:m])]
     print("cuBLAS differs from stock at M:", seen)
     assert any(seen.values()), f"cuBLAS gave stock's bits on every shape at every M: {seen}"
+
+
+def test_fast_mode_is_batch_invariant_and_a_split_chosen_by_m_is_not(gemm):
+    """Fast mode (split_k.py), its split fixed by the shape (qkv 4, down 8): each M's rows equal the
+    largest M's and each row alone, whichever program adds the ranges. The control, a split chosen by
+    M (1 up to 16 rows), must differ from the largest M's rows somewhere."""
+    from sglang_chunk_align import split_k
+
+    shape, a, weight, bias, stock = gemm
+    splits, block_k, largest = split_k.splits_for(shape.n, shape.k), gemms.STOCK[shape.dtype].block_k, ROWS[-1]
+    assert splits > 1
+
+    def run(rows, count, **how):
+        return split_k.launch(rows, weight.t(), a.dtype, bias, count, block_k, **how)
+
+    full = run(a, splits)
+    assert [m for m in ROWS if not gemms.same_bits(run(a[:m], splits), full[:m])] == []
+    assert [i for i in range(4) if not gemms.same_bits(run(a[i:i + 1], splits), full[i:i + 1])] == []
+    assert [m for m in ROWS if not gemms.same_bits(run(a[:m], splits, in_program=True),
+                                                    run(a[:m], splits, in_program=False))] == []
+    assert not gemms.same_bits(full, stock[largest]), "fast mode gave stock's bits: not a split"
+    by_m = [m for m in ROWS if not gemms.same_bits(run(a[:m], 1 if m <= 16 else splits), full[:m])]
+    assert by_m, "a split chosen by M gave the fixed split's rows at every M: this check could not see a difference"
 
 
 def test_the_tuner_admits_only_stock_bits_on_this_gpu(gemm):

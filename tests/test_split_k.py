@@ -1,0 +1,159 @@
+"""Fast GEMMs (split_k.py): the split rule, the kernel's batch invariance and bits, the dispatch, the
+switch and the startup line.
+
+The kernel runs under Triton's interpreter (TRITON_INTERPRET=1, set before the kernels are defined, so
+in a subprocess of its own) on CPU tensors. There each BLOCK_K block is one numpy product, so a split
+of several blocks regroups each sum: fp32 shows it in the last bits, which fp16 outputs may round away.
+On a GPU the same checks are tests/gpu/test_gemm_bits.py's.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sglang_chunk_align import gemms, releases
+from sglang_chunk_align.compat import FAST_GEMMS_ENV, GEMMS_ENV, installed_version, sglang_at_least
+
+pytestmark = pytest.mark.skipif(
+    not sglang_at_least(releases.GEMM_CONFIGS),
+    reason=f"the GEMM configs need SGLang {releases.GEMM_CONFIGS} or newer, not {installed_version()}",
+)
+
+INTERPRETED = r"""
+import json, sys
+import torch
+from sglang.srt.batch_invariant_ops import batch_invariant_ops as kernels
+kernels.get_device_core_count = lambda *args: 4  # 0 on a CPU: stock's grid would launch no program
+from sglang_chunk_align import gemms, patch_table, patches, split_k
+
+torch.manual_seed(0)
+report = {}
+rows = (1, 3, 17, 40)
+for dtype in (torch.float16, torch.float32):
+    weight, bias = (torch.randn(96, 1024) * 0.02).to(dtype), torch.randn(96).to(dtype)
+    a = torch.randn(rows[-1], 1024).to(dtype)
+    block_k = gemms.STOCK[gemms.dtype_name(dtype)].block_k
+    stock = gemms.stock(a, weight.t(), dtype, bias)
+    def run(m, splits, **how):
+        return split_k.launch(a[:m], weight.t(), dtype, bias, splits, block_k, **how)
+    found = {"one_range_is_stock": gemms.same_bits(run(rows[-1], 1), stock)}
+    for splits in (2, 4):
+        largest = run(rows[-1], splits)
+        found[splits] = {
+            "differs_from_stock": not gemms.same_bits(largest, stock),
+            "rows_differ_from_largest_m": [m for m in rows if not gemms.same_bits(run(m, splits), largest[:m])],
+            "rows_differ_from_alone": [i for i in range(3) if not gemms.same_bits(
+                split_k.launch(a[i:i + 1], weight.t(), dtype, bias, splits, block_k), largest[i:i + 1])],
+            "in_program_differs": [m for m in rows if not gemms.same_bits(
+                run(m, splits, in_program=True), run(m, splits, in_program=False))],
+        }
+    # The control: a split chosen by M, as a split-K that is not batch-invariant chooses it.
+    by_m = {m: run(m, 1 if m <= 16 else 4) for m in rows}
+    found["control_rows_differ_from_largest_m"] = [m for m in rows if not gemms.same_bits(by_m[m], by_m[rows[-1]][:m])]
+    report[str(dtype)] = found
+
+# The dispatch: one shape split, one with a per-M config, through SGLang's matmul_persistent.
+split_shape, tuned_shape = gemms.Shape("float16", 96, 1024, True), gemms.Shape("float16", 64, 1024, False)
+weights = {shape: (torch.randn(shape.n, shape.k) * 0.02).half() for shape in (split_shape, tuned_shape)}
+split_bias = torch.randn(96).half()
+launched = []
+launch = split_k.launch
+def recording(a, b, out_dtype, bias, splits, block_k, **how):
+    launched.append(("split", a.shape[0], splits))
+    return launch(a, b, out_dtype, bias, splits, block_k, **how)
+split_k.launch = recording
+patches.apply(patch_table)
+gemms.activate(gemms.Table({tuned_shape: {16: gemms.Config(16, 64, 64, 3, 4)}}, {split_shape: 2}))
+served = {}
+for m in (1, 5, 300):
+    a = torch.randn(m, 1024).half()
+    del launched[:]
+    out = kernels.matmul_persistent(a, weights[split_shape].t(), bias=split_bias)
+    served[m] = {"launched": list(launched),
+                 "split_bits": gemms.same_bits(out, launch(a, weights[split_shape].t(), a.dtype, split_bias, 2, 64))}
+    del launched[:]
+    kernels.matmul_persistent(a, weights[tuned_shape].t())
+    served[m]["other_shape_launched"] = list(launched)
+patches.remove()
+a = torch.randn(5, 1024).half()
+del launched[:]
+after = kernels.matmul_persistent(a, weights[split_shape].t(), bias=split_bias)
+report["dispatch"] = {"served": served, "after_remove_launched": list(launched),
+                      "after_remove_stock_bits": gemms.same_bits(after, gemms.stock(a, weights[split_shape].t(), a.dtype, split_bias))}
+json.dump(report, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-c", INTERPRETED], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("dtype", ["torch.float16", "torch.float32"])
+def test_each_split_is_batch_invariant_whichever_program_adds_the_ranges(interpreted, dtype):
+    found = interpreted[dtype]
+    assert found["one_range_is_stock"]
+    for splits in ("2", "4"):
+        assert found[splits]["rows_differ_from_largest_m"] == []
+        assert found[splits]["rows_differ_from_alone"] == []
+        assert found[splits]["in_program_differs"] == []
+
+
+def test_a_split_gives_other_bits_than_stock_and_a_split_by_m_is_caught(interpreted):
+    """The checks above can see a difference: fp32 shows the regrouped sums in its last bits."""
+    found = interpreted["torch.float32"]
+    assert found["2"]["differs_from_stock"] and found["4"]["differs_from_stock"]
+    assert found["control_rows_differ_from_largest_m"]
+
+
+def test_a_split_shape_runs_its_split_at_every_m_and_stock_after_remove(interpreted):
+    dispatch = interpreted["dispatch"]
+    for m, served in dispatch["served"].items():
+        assert served["launched"] == [["split", int(m), 2]] and served["split_bits"], m
+        assert served["other_shape_launched"] == [], m  # a per-M config, or stock's above 256 rows
+    assert dispatch["after_remove_launched"] == [] and dispatch["after_remove_stock_bits"]
+
+
+def test_the_split_depends_on_the_shape_alone():
+    """Qwen2.5-7B's GEMMs: the narrow ones split (qkv and o 4, down 8, o held to 4 by its 3,584 of K),
+    the wide ones (gate_up, lm_head) not, as call1's probe measured them to gain nothing."""
+    from sglang_chunk_align import split_k
+
+    assert [split_k.splits_for(n, k) for n, k in ((4608, 3584), (3584, 3584), (3584, 18944), (37888, 3584),
+                                                  (152064, 3584), (96, 256))] == [4, 4, 8, 1, 1, 1]
+
+
+def test_fast_mode_splits_some_shapes_tunes_the_rest_and_says_so(monkeypatch, tmp_path, caplog):
+    import torch
+
+    from sglang.srt.layers.linear import ReplicatedLinear
+
+    monkeypatch.setenv(FAST_GEMMS_ENV, "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    model = torch.nn.Sequential(ReplicatedLinear(4096, 512, bias=True, params_dtype=torch.float16),
+                                ReplicatedLinear(512, 16384, bias=False, params_dtype=torch.float16))
+    split, wide = gemms.Shape("float16", 512, 4096, True), gemms.Shape("float16", 16384, 512, False)
+    tuned = {16: gemms.Config(16, 64, 64, 3, 4)}
+    with caplog.at_level(logging.INFO, logger="sglang_chunk_align"):
+        table = gemms.startup_table(model, None, tune_shape=lambda shape, weight, bias: (tuned, []))
+    assert table.splits == {split: 8} and table.configs == {wide: tuned}
+    assert (f"fast GEMMs ({FAST_GEMMS_ENV}=1) sum K as fixed ranges per shape, the same at every M, for 1 of the "
+            "model's 2 Triton GEMM shapes (float16 512x4096 +bias: 8): batch-invariant, but not stock's bits" in caplog.text)
+    # A second runner (a draft model's) keeps the first one's splits and configs.
+    again = gemms.startup_table(torch.nn.Sequential(torch.nn.Linear(8, 8)), table)
+    assert again.splits == table.splits and again.configs == table.configs
+    # With the per-M configs off, the shapes not split keep stock's one config, and the line says so.
+    monkeypatch.setenv(GEMMS_ENV, "0")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sglang_chunk_align"):
+        table = gemms.startup_table(model, None, tune_shape=lambda *shape: pytest.fail("tuned with the configs off"))
+    assert table.splits == {split: 8} and table.configs == {}
+    assert f"the other batch-invariant GEMMs keep stock's one config ({GEMMS_ENV}=0)" in caplog.text
