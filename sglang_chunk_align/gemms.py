@@ -252,6 +252,21 @@ def model_shapes(model):
     return shapes
 
 
+# What a server in fast mode adds to its scheduler's init info, which SGLang's /server_info serves:
+# verify reads it (absent: stock's sums) and refuses to compare servers whose GEMMs sum K differently.
+SUMS_KEY = "sglang_chunk_align_gemm_sums"
+SPLIT_SUMS = "split-k fixed per shape (SGLANG_CHUNK_ALIGN_FAST_GEMMS=1)"
+
+
+def report_sums(wrapped, instance, args, kwargs):
+    """Wraps Scheduler.get_init_info, the dict SGLang merges into /server_info: where fast mode splits
+    a GEMM of this process's model, it says so (SUMS_KEY); elsewhere the dict stays stock's."""
+    info = wrapped(*args, **kwargs)
+    if _table is not None and _table.splits:
+        info[SUMS_KEY] = SPLIT_SUMS
+    return info
+
+
 def _deepgemm_takes(dtype, n, k):
     """Whether SGLang sends this GEMM to DeepGEMM instead of the Triton kernel (its matmul_persistent's
     test, for a weight's transpose)."""

@@ -108,6 +108,9 @@ PATCH_POINTS = (
     Wrap("sglang.srt.model_executor.model_runner", "ModelRunner.configure_kv_cache_dtype", gemms.tune_at_startup,
          "the step after SGLang turns batch-invariant ops on: the model is loaded, its CUDA graphs not yet captured; "
          "the GEMM configs are tuned there", f">={releases.GEMM_CONFIGS}", signature="self"),
+    Wrap(_SCHEDULER, "Scheduler.get_init_info", gemms.report_sums,
+         "a server in fast mode sums K unlike stock's GEMMs: /server_info must say so, for verify to refuse a stock "
+         "reference", f">={releases.GEMM_CONFIGS}", signature="self"),
     Wrap("sglang.srt.entrypoints.engine", "Engine._launch_subprocesses", scheduler_hooks.refuse_ray_schedulers,
          "Ray scheduler actors never load plugins: refuse deterministic flashinfer there, never run stock",
          signature="cls, server_args, ..."),

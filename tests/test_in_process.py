@@ -23,6 +23,8 @@ import pytest
 from conftest import sigint_at_default
 from test_verify import FAST, IDS, VOCAB, StandIn, run_verify
 
+from sglang_chunk_align import releases
+from sglang_chunk_align.compat import sglang_at_least
 from sglang_chunk_align.tools import verify
 from sglang_chunk_align.tools.in_process import verify_engine
 
@@ -222,6 +224,26 @@ def test_the_installed_engine_has_what_verify_engine_uses():
     assert {"success", "message"} <= set(inspect.signature(FlushCacheReqOutput).parameters)
     manager = inspect.getsource(TokenizerManager)
     assert "self.model_config = " in manager and "self.model_path = " in manager
+    if sglang_at_least(releases.GEMM_CONFIGS):  # where fast GEMMs report their sums (gemms.report_sums)
+        assert "self._scheduler_init_result = scheduler_init_result" in inspect.getsource(Engine.__init__)
+
+
+def test_an_engine_in_fast_mode_is_refused_against_answers_of_stock_sums(tmp_path):
+    """The Engine's first scheduler reports its sums at startup (gemms.report_sums); a stock reference's
+    answers are refused before the Engine is asked anything, and a fast reference's accepted."""
+    from sglang_chunk_align import gemms
+
+    fast = {gemms.SUMS_KEY: gemms.SPLIT_SUMS}
+    reference, engine = EngineStandIn(radix=False), EngineStandIn()
+    engine._scheduler_init_result = SimpleNamespace(scheduler_infos=[fast])
+    file = str(tmp_path / "reference.json")
+    assert verify_engine(reference, record=file, radix=False, **SMALL)["ok"]
+    with pytest.raises(verify.ServerError, match="their GEMMs sum K differently"):
+        verify_engine(engine, recorded=file, **SMALL)
+    assert engine.model.bodies == []
+    reference._scheduler_init_result = SimpleNamespace(scheduler_infos=[fast])
+    assert verify_engine(reference, record=str(tmp_path / "fast.json"), radix=False, **SMALL)["ok"]
+    assert verify_engine(engine, recorded=str(tmp_path / "fast.json"), **SMALL)["ok"]
 
 
 CTRL_C_MID_CHECK = """

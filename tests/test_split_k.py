@@ -157,3 +157,19 @@ def test_fast_mode_splits_some_shapes_tunes_the_rest_and_says_so(monkeypatch, tm
         table = gemms.startup_table(model, None, tune_shape=lambda *shape: pytest.fail("tuned with the configs off"))
     assert table.splits == {split: 8} and table.configs == {}
     assert f"the other batch-invariant GEMMs keep stock's one config ({GEMMS_ENV}=0)" in caplog.text
+
+
+def test_a_scheduler_reports_split_sums_only_where_fast_mode_splits_a_gemm():
+    """gemms.report_sums on Scheduler.get_init_info, whose dict SGLang serves in /server_info: stock's dict
+    without a table or splits, the sums added with them (verify refuses a reference that sums otherwise)."""
+    def stock_info():
+        return {"status": "ready"}
+
+    try:
+        for table, expected in ((None, {"status": "ready"}), (gemms.Table({}), {"status": "ready"}),
+                                (gemms.Table({}, {gemms.Shape("bfloat16", 4608, 3584, True): 4}),
+                                 {"status": "ready", gemms.SUMS_KEY: gemms.SPLIT_SUMS})):
+            gemms.activate(table)
+            assert gemms.report_sums(stock_info, None, (), {}) == expected
+    finally:
+        gemms.activate(None)

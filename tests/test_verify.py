@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 from conftest import sigint_at_default
 
-from sglang_chunk_align import PREFILL_Q_TILE_TOKENS
+from sglang_chunk_align import PREFILL_Q_TILE_TOKENS, gemms
 from sglang_chunk_align.tools import verify
 from sglang_chunk_align.tools.cli import main
 
@@ -66,8 +66,9 @@ class StandIn(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
     def __init__(self, perturb=None, radix=True, skip_tokenizer_init=False, drop_after=None,
-                 busy_flushes=0, flush_ignored=False, delay=0.0, flush_missing=False):
+                 busy_flushes=0, flush_ignored=False, delay=0.0, flush_missing=False, server_info=None):
         super().__init__(("127.0.0.1", 0), Handler)
+        self.server_info = server_info  # /get_server_info's reply; None: 404, as an SGLang without it
         self.perturb = perturb or (lambda request: None)  # Request -> (where, index) or None
         self.radix = radix
         self.skip_tokenizer_init = skip_tokenizer_init
@@ -167,6 +168,8 @@ class Handler(BaseHTTPRequestHandler):
         """SGLang's /get_model_info (verify's reachability check); recorded, so a test sees it came first."""
         with self.server.lock:
             self.server.gets.append(self.path)
+        if self.path == "/get_server_info" and self.server.server_info is not None:
+            return self._send(200, json.dumps(self.server.server_info).encode(), "application/json")
         if self.path != "/get_model_info":
             return self._send(404, b"not found", "text/plain")
         self._send(200, json.dumps({"model_path": "stand-in", "is_generation": True}).encode(), "application/json")
@@ -539,7 +542,38 @@ def test_a_reference_that_is_down_stops_verify_before_the_server_is_touched(caps
 def test_the_reachability_check_comes_first_and_changes_nothing(capsys, standin):
     server, reference = standin(), standin()
     assert run_verify(capsys, "--server", server.url, "--reference", reference.url, *FAST, *IDS)[0] == 0
-    assert server.gets == reference.gets == ["/get_model_info"]  # GET, once, before any /flush_cache or /generate
+    # GETs, once each, before any /flush_cache or /generate: reachable, then how their GEMMs sum K
+    assert server.gets == reference.gets == ["/get_model_info", "/get_server_info"]
+
+
+FAST_SUMS = {gemms.SUMS_KEY: gemms.SPLIT_SUMS}  # what a server in fast mode reports (gemms.report_sums)
+
+
+def test_a_fast_gemm_server_is_refused_against_a_stock_reference_before_anything_is_sent(capsys, standin):
+    server, reference = standin(server_info=FAST_SUMS), standin(server_info={})
+    code, _, err = run_verify(capsys, "--server", server.url, "--reference", reference.url, *FAST, *IDS)
+    assert code == 2
+    assert err.startswith(f"sglang-chunk-align verify: their GEMMs sum K differently (server: {gemms.SPLIT_SUMS}; "
+                          f"reference: {verify.STOCK_SUMS})")
+    assert "against a reference started with it too" in err
+    assert (server.flushes, server.bodies, reference.flushes, reference.bodies) == (0, [], 0, [])
+    # Both fast: compared as any two servers are.
+    assert run_verify(capsys, "--server", server.url, "--reference", standin(server_info=FAST_SUMS).url, *FAST, *IDS)[0] == 0
+
+
+def test_answers_recorded_from_a_fast_reference_say_so_and_refuse_a_stock_server(capsys, standin, tmp_path):
+    cache = str(tmp_path / "fast.json")
+    reference = standin(server_info=FAST_SUMS)
+    assert run_verify(capsys, "--server", reference.url, "--baseline-cache", cache, *FAST, *IDS)[0] == 0
+    assert json.loads(open(cache).read())[gemms.SUMS_KEY] == gemms.SPLIT_SUMS
+    stock = standin()
+    code, _, err = run_verify(capsys, "--server", stock.url, "--recorded", cache, *FAST, *IDS)
+    assert code == 2 and "their GEMMs sum K differently (server: stock's, one K range; recorded: split-k" in err
+    assert stock.bodies == []
+    # The same file as --baseline-cache of a stock reference: refused before it records anything.
+    code, _, err = run_verify(capsys, "--server", stock.url, "--reference", standin().url, "--baseline-cache", cache,
+                              *FAST, *IDS)
+    assert code == 2 and f"(the answers in {cache}: split-k" in err
 
 
 @pytest.mark.parametrize(

@@ -131,6 +131,12 @@ class EngineServer:
         except Exception as error:  # the Engine's own refusal of a request, say; reported, not raised as is
             raise verify.ServerError(f"{self.url} {what}: {type(error).__name__}: {error}") from None
 
+    def gemm_sums(self):
+        """As verify.Server.gemm_sums: what the Engine's first scheduler reported at startup
+        (gemms.report_sums), which SGLang 0.5.20 and newer keep in Engine._scheduler_init_result."""
+        infos = getattr(getattr(self.engine, "_scheduler_init_result", None), "scheduler_infos", None) or [{}]
+        return infos[0].get(verify.SUMS_KEY, verify.STOCK_SUMS)
+
     def generate(self, field, request, max_new_tokens):
         keywords = verify.generate_request(field, request, max_new_tokens)
         keywords["prompt" if field == "text" else field] = keywords.pop(field)  # Engine's name for text

@@ -73,7 +73,9 @@ sends them requests.
 
 Before anything is sent, both servers must answer as SGLang does (GET
 /get_model_info, which changes nothing on them, answered with SGLang's model
-info); where neither does, the error names both.
+info); where neither does, the error names both. Their GEMMs must also sum K
+alike (GET /get_server_info: the plugin's fast GEMMs say so there, and give
+other bits than stock's), and so must the recorded answers' server.
 
 Exit status: 0 when every request is identical, 1 on any difference or
 problem, 2 when a server cannot be reached or answers badly, or an argument is
@@ -117,6 +119,8 @@ from dataclasses import asdict, dataclass
 from http import HTTPStatus
 
 from ..alignment import PREFILL_Q_TILE_TOKENS
+from ..compat import FAST_GEMMS_ENV
+from ..gemms import SUMS_KEY
 from .arguments import at_least
 
 INTERRUPTED = 128 + 2  # the shell's status for SIGINT
@@ -132,6 +136,7 @@ PROMPTS = 32  # requests per workload
 CONCURRENCY = 8  # requests in flight in the concurrent pass
 MAX_NEW_TOKENS = 8
 TIMEOUT_S = 300  # what one request may take
+STOCK_SUMS = "stock's, one K range"  # a server whose /get_server_info has no gemms.SUMS_KEY
 FLUSH_WAIT_S = 30  # how long a /flush_cache may wait for the server to go idle
 RADIX_HINT = (
     "start the server with the radix cache on (the plugin's default under deterministic flashinfer; its startup "
@@ -255,8 +260,12 @@ def run(verifier, args):
 
 def check(server, baseline, prompts, args, progress):
     """The report of every workload `args` names, sent to `server` and compared with `baseline`'s cold
-    answers (a Server, Recorded, or `server` itself); a ServerError stops it. Shared by the command
-    and the in-process check of an sglang.Engine (in_process.py), whose `server` answers as Server does."""
+    answers (a Server, Recorded, or `server` itself); a ServerError stops it, as do GEMMs that sum K
+    unlike the baseline's. Shared by the command and the in-process check of an sglang.Engine
+    (in_process.py), whose `server` answers as Server does."""
+    sums = baseline.gemm_sums()
+    if baseline is not server:
+        check_same_sums({"server": server.gemm_sums(), baseline_role(args): sums})
     report = {
         "ok": None,
         "server": server.url,
@@ -276,7 +285,7 @@ def check(server, baseline, prompts, args, progress):
         conversations = BUILDERS[name](random.Random(f"{args.seed}:{name}"), args.prompts, prompts)
         try:
             report["workloads"][name] = check_workload(
-                name, conversations, server, baseline, prompts, args, progress, report["problems"]
+                name, conversations, server, baseline, prompts, args, progress, report["problems"], sums
             )
         except KeyboardInterrupt:  # the workloads already compared still count
             progress.clear()
@@ -460,6 +469,10 @@ class Recorded:
     def flush(self):
         """Recorded answers were cold when recorded."""
 
+    def gemm_sums(self):
+        """How the recording server's GEMMs summed K (BaselineCache wrote it)."""
+        return self.answers.get(SUMS_KEY, STOCK_SUMS)
+
     def generate(self, field, request, max_new_tokens):
         found = BaselineCache.found(self.answers, field, request, max_new_tokens)
         if found is None:
@@ -531,6 +544,17 @@ def check_reachable(servers):
         raise ServerError("; ".join(unreachable))
 
 
+def check_same_sums(sums):
+    """Raise a ServerError where the GEMMs of the servers ({role: gemm_sums()}) sum K differently: their
+    answers would differ wherever a GEMM does, and the difference would be the modes', not the chunks'."""
+    if len(set(sums.values())) > 1:
+        raise ServerError(
+            "their GEMMs sum K differently (" + "; ".join(f"{role}: {how}" for role, how in sums.items()) + "), so "
+            "their bits differ whatever the chunks do. Fast GEMMs are not stock's bits: check a server started "
+            f"with {FAST_GEMMS_ENV}=1 against a reference started with it too (--chunked-prefill-size -1, "
+            "--disable-radix-cache), and a server without it against one without it")
+
+
 class Server:
     """One SGLang server's /generate and /flush_cache, every call under a timeout."""
 
@@ -576,6 +600,15 @@ class Server:
             raise ServerError(f"{self.url}/get_model_info: not an SGLang server (HTTP {status}, not SGLang's "
                               f"model info: {_error_text(reply)})")
 
+    def gemm_sums(self):
+        """How the server's batch-invariant GEMMs sum K: what the plugin's fast mode reports in
+        /get_server_info (gemms.report_sums), else stock's (stock SGLang, or the plugin without fast mode)."""
+        status, reply = self._request("/get_server_info", None)
+        try:
+            return json.loads(reply).get(SUMS_KEY, STOCK_SUMS) if status == 200 else STOCK_SUMS
+        except (ValueError, AttributeError):
+            return STOCK_SUMS
+
     def _request(self, path, data):
         """(status, body) of a POST of `data`, or a GET where `data` is None."""
         request = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
@@ -609,8 +642,9 @@ def _error_text(reply):
 # ---------------------------------------------------------------------------
 
 
-def check_workload(name, conversations, server, baseline, prompts, args, progress, problems):
-    """Both passes on the server under test, then each request alone and cold, compared request by request."""
+def check_workload(name, conversations, server, baseline, prompts, args, progress, problems, sums):
+    """Both passes on the server under test, then each request alone and cold, compared request by
+    request; `sums`: how the baseline's GEMMs sum K, kept with the answers it records."""
     requests = [(c, t) for c, turns in enumerate(conversations) for t in range(len(turns))]
     built = {}  # (conversation, turn) -> Request, fixed by the sequential pass
     answers = {}
@@ -619,7 +653,7 @@ def check_workload(name, conversations, server, baseline, prompts, args, progres
         server.flush()
         answers[label] = run_pass(server, conversations, built, prompts, args, concurrency, progress)
     progress.start(f"{name} baseline ({baseline_role(args)}, cold)", len(requests))
-    with BaselineCache(args.baseline_cache) as recorded:
+    with BaselineCache(args.baseline_cache, sums) as recorded:
         cold, unrecorded = {}, 0
         for key in requests:
             cold[key] = recorded.get(prompts.field, built[key], args.max_new_tokens)
@@ -679,8 +713,8 @@ class BaselineCache:
     and each request there still runs alone. Without a file, nothing is recorded.
     """
 
-    def __init__(self, path):
-        self.path = path
+    def __init__(self, path, sums=None):
+        self.path, self.sums = path, sums or STOCK_SUMS  # how the recording server's GEMMs sum K
         self.answers = {}
 
     def __enter__(self):
@@ -689,6 +723,8 @@ class BaselineCache:
             fcntl.flock(self.lock, fcntl.LOCK_EX)
             try:
                 self.answers = self.read(self.path, "--baseline-cache")
+                check_same_sums({f"the answers in {self.path}": self.answers.get(SUMS_KEY, STOCK_SUMS),
+                                 "the baseline": self.sums})
             except FileNotFoundError:
                 pass
             except ServerError:
@@ -707,6 +743,8 @@ class BaselineCache:
 
     def __exit__(self, *exc):
         if self.path:
+            if self.sums != STOCK_SUMS:
+                self.answers[SUMS_KEY] = self.sums
             with open(self.path + ".tmp", "w") as file:
                 json.dump(self.answers, file)
             os.replace(self.path + ".tmp", self.path)
