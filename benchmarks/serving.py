@@ -67,6 +67,16 @@ from sglang_chunk_align.tools import verify  # noqa: E402
 PLUGIN = {"SGLANG_PLUGINS": "chunk_align"}
 # The decode wait said outright on both sides of decode_wait_verdict's pair, whatever the default is.
 WAIT_ON, WAIT_OFF = ({**PLUGIN, "SGLANG_CHUNK_ALIGN_DECODE_WAIT": flag} for flag in ("1", "0"))
+# Fast GEMMs (docs/gemms.md): not stock's bits, so their reference runs them too.
+FAST_GEMMS = {**PLUGIN, "SGLANG_CHUNK_ALIGN_FAST_GEMMS": "1"}
+# Each reference, unchunked with the radix cache off: (backend, environment, more arguments). The fast
+# one loads the plugin, which refuses an unchunked prefill that could outgrow fa2's deterministic
+# workspace: 24,576 tokens of context fit Qwen2.5-7B's shape ("sglang-chunk-align plan" gives a model's).
+REFERENCES = {
+    "flashinfer": ("flashinfer", STOCK, ()),
+    "triton": ("triton", STOCK, ()),
+    "flashinfer-fast": ("flashinfer", FAST_GEMMS, ("--context-length", "24576")),
+}
 
 
 class Setup:
@@ -110,6 +120,8 @@ SETUPS = {
     "plugin-256-no-split": Setup("plugin, chunk 256, radix cache, split attention off (requests wait to keep "
                                  "each batch on one tile, as before issue 32)", 256,
                                  {**PLUGIN, "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION": "0"}),
+    "plugin-256-fast": Setup("plugin, chunk 256, radix cache, the plugin's defaults and fast GEMMs (split-K fixed per "
+                             "shape)", 256, FAST_GEMMS, reference="flashinfer-fast"),
     # Batch-invariant GEMMs with a tile config per M (docs/gemms.md): stock's bits, so stock's reference checks them.
     "plugin-256-gemms": Setup("plugin, chunk 256, radix cache, the plugin's defaults and GEMM configs per M", 256,
                               {**PLUGIN, "SGLANG_CHUNK_ALIGN_GEMMS": "1"}),
@@ -148,7 +160,7 @@ def main(argv=None):
     parser.add_argument("--skip-long-prompts", action="store_true",
                         help="no single long prompts after the checks (the workloads and verify alone)")
     parser.add_argument("--baselines", metavar="DIR",
-                        help="reuse the references' recorded answers (baseline-BACKEND.json) from an earlier run's --logs")
+                        help="reuse the references' recorded answers (baseline-REFERENCE.json) from an earlier run's --logs")
     parser.add_argument("--verify-only", action="store_true",
                         help="with --baselines: start every setup at once, each with a --max-total-tokens pool, and "
                              "verify each against its reference's recorded answers; nothing timed")
@@ -159,13 +171,13 @@ def main(argv=None):
         parser.error("--verify-only checks setups against recorded references: give --baselines DIR")
     run = real_server.start_run(parser, args, ServingRun)
     try:
-        backends = {SETUPS[name].reference for name in args.setups.split(",")} - {None}
+        references = {SETUPS[name].reference for name in args.setups.split(",")} - {None}
         if args.no_verify:
-            backends = set()
+            references = set()
         if args.baselines:
-            run.baselines = {b: (None, os.path.join(args.baselines, f"baseline-{b}.json")) for b in backends}
+            run.baselines = {r: (None, os.path.join(args.baselines, f"baseline-{r}.json")) for r in references}
         else:
-            run.record_references(backends)
+            run.record_references(references)
         (run.verify_setups if args.verify_only else run.time_setups)(args.setups.split(","))
     finally:
         run.stop()
@@ -214,25 +226,26 @@ class ServingRun(real_server.Run):
         self.baselines = {}  # reference backend -> (its Server, its baseline cache file)
         self.setup_servers = []  # every setup's Server, stopped at the end whatever happened
 
-    def record_references(self, backends):
-        """Each backend's stock, unchunked reference (radix off), its cold answers recorded by verifying it
-        against itself; then the prompt lengths it serves, last, since a failure ends it."""
+    def record_references(self, names):
+        """Each named reference (REFERENCES: unchunked, radix off), its cold answers recorded by verifying
+        it against itself; then the prompt lengths stock flashinfer's serves, last, since a failure ends it."""
 
-        def start(backend):
-            server = Server(self, f"reference-{backend}", -1, 1, STOCK, extra=["--disable-radix-cache"],
+        def start(name):
+            backend, env, extra = REFERENCES[name]
+            server = Server(self, f"reference-{name}", -1, 1, env, extra=["--disable-radix-cache", *extra],
                             backend=backend, max_total_tokens=40000)
             if not server.wait_ready():
-                self.record({"reference": backend, "error": server.log()[-3000:]}, "references")
+                self.record({"reference": name, "error": server.log()[-3000:]}, "references")
                 return
-            cache = os.path.join(self.logs, f"baseline-{backend}.json")
+            cache = os.path.join(self.logs, f"baseline-{name}.json")
             entry = real_server.verify(self, server, server, cache, radix=False)
-            probe = backend == "flashinfer" and not self.args.skip_long_prompts
+            probe = name == "flashinfer" and not self.args.skip_long_prompts
             entry["long_prompts"] = long_prompts(server, LONG_PROMPTS["reference"], self) if probe else []
-            self.record({"reference": backend, **entry}, "references")
-            self.baselines[backend] = server, cache
+            self.record({"reference": name, **entry}, "references")
+            self.baselines[name] = server, cache
 
-        with ThreadPoolExecutor(len(backends) or 1) as pool:
-            list(pool.map(start, sorted(backends)))
+        with ThreadPoolExecutor(len(names) or 1) as pool:
+            list(pool.map(start, sorted(names)))
         for server, _ in self.baselines.values():
             server.stop()
 

@@ -482,6 +482,36 @@ def test_the_setup_before_split_attention_differs_in_its_switch_alone():
     assert "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION" in SWITCHES
 
 
+def test_a_fast_gemm_setup_is_checked_against_a_reference_running_fast_gemms_unchunked(tmp_path, monkeypatch):
+    """Fast GEMMs are not stock's bits: their reference loads the plugin with the same switch, unchunked,
+    radix off, and a context its unchunked prefill fits; the per-M GEMMs keep stock's reference."""
+    started = []
+
+    class Down(FakeServer):
+        def __init__(self, run, name, chunk, page, env, extra=(), backend=None, **options):
+            super().__init__(run, name)
+            started.append((name, chunk, env, list(extra), backend))
+
+        def wait_ready(self):
+            return False
+
+        def log(self):
+            return "down"
+
+    monkeypatch.setattr(serving, "Server", Down)
+    run = serving_run(tmp_path, graph_bs=8)
+    setups = ("plugin-256-fast", "plugin-256-gemms")
+    run.record_references({serving.SETUPS[name].reference for name in setups})
+    assert sorted(started) == [
+        ("reference-flashinfer", -1, serving.STOCK, ["--disable-radix-cache"], "flashinfer"),
+        ("reference-flashinfer-fast", -1, {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_FAST_GEMMS": "1"},
+         ["--disable-radix-cache", "--context-length", "24576"], "flashinfer"),
+    ]
+    fast, tuned = (serving.SETUPS[name] for name in setups)
+    assert fast.env == {**serving.PLUGIN, "SGLANG_CHUNK_ALIGN_FAST_GEMMS": "1"} and fast.chunk == tuned.chunk == 256
+    assert [r["reference"] for r in run.results["references"]] == ["flashinfer", "flashinfer-fast"]
+
+
 def test_a_servers_split_batches_are_read_from_its_log(tmp_path):
     """The plugin logs the 1st, 10th, 100th... split batch at INFO: the highest one read is a floor."""
     server = object.__new__(real_server.Server)

@@ -6,16 +6,18 @@
 #
 #   bits     tests/gpu/test_gemm_bits.py: every config the plugin may tune against stock's bits at M 1-4,096
 #            on Qwen2.5-7B's qkv and down, bf16 and fp16; controls that must differ: K summed in reverse
-#            on every shape, cuBLAS on some (BITS_K: pytest's -k, to run some of its tests);
+#            on every shape, cuBLAS on some; fast mode's split-K batch-invariant, a split chosen by M its
+#            control (BITS_K: pytest's -k, to run some of its tests);
 #   micro    benchmarks/gemm_configs.py: every GEMM of six model families, 27 configs each against stock's
 #            bits at M up to 16,384, the plugin's tuner, and stock/tuned/cuBLAS times at M up to 256;
-#   splitk   benchmarks/probe_split_k.py: fast mode measured before it is built, a split-K fixed per shape at
-#            1, 2, 4 and 8 splits on Qwen2.5-7B's GEMMs, batch invariance, bits, time against the tuned configs;
+#   splitk   benchmarks/probe_split_k.py: fast mode's kernel (split_k.py) at 1, 2, 4 and 8 splits on
+#            Qwen2.5-7B's GEMMs, batch invariance, bits, time against the tuned configs and cuBLAS;
 #   profile  benchmarks/profile_determinism.py on Qwen2.5-7B's random checkpoint: one decode step of 64
-#            requests with 2k tokens of context, the plugin's defaults with stock's GEMM config and with
-#            SGLANG_CHUNK_ALIGN_GEMMS=1, beside non-deterministic flashinfer, one server at a time;
-#   serving  benchmarks/serving.py on the same checkpoint, rollouts and agents: the same three setups and
-#            deterministic triton with and without the GEMM configs, each deterministic setup verified.
+#            requests with 2k tokens of context, the plugin's defaults (GEMM configs per M, on by default
+#            since call2) and with fast GEMMs, beside non-deterministic flashinfer, one server at a time;
+#   serving  benchmarks/serving.py on the same checkpoint, rollouts and agents: the same three setups, each
+#            deterministic one verified (fast GEMMs against a reference that runs them, unchunked).
+# call1-call4 ran the plan as it was before fast mode (COMMANDS.md gives each call's command).
 #
 #   usage: OUT=DIR [PY=python3] [STEPS="bits micro splitk profile serving"] [MICRO_MODELS="qwen2.5-7b ..."]
 #          [BITS_K=EXPRESSION] [BITS_LIMIT=420 MICRO_LIMIT=900 SPLITK_LIMIT=300 PROFILE_LIMIT=480 SERVING_LIMIT=840]
@@ -23,10 +25,10 @@
 #          bash benchmarks/logs/gemms_h200/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). Planned
 # durations (a warm machine; the first compiles of SGLang's kernel with each config dominate bits and micro):
-# bits about 2 min, micro about 5 min, splitk about 2 min (call1), profile about 6 min (three servers in turn; side
-# by side they did not fit call1's H100), serving 12-14 min.
-# A cold machine's start cost about 450 s of device time on 2026-12-05 (exactness_h200/COMMANDS.md, call3), leaving
-# about 22 minutes of a session's 30: STEPS="bits micro splitk profile" in one session, STEPS=serving in the next.
+# bits about 2 min (call4), micro about 5 min, splitk about 2 min (call1), profile about 5.5 min (three servers in
+# turn, call2), serving about 11.5 min (three setups and two references, call2).
+# A cold machine's start cost about 30 s in call2, 450 s on 2026-12-05 (exactness_h200/COMMANDS.md, call3). Fast
+# mode's session: STEPS="bits splitk profile serving" (about 21 min).
 set -u
 out=${OUT:?OUT: where the results go}
 py=${PY:-python3}
@@ -43,10 +45,10 @@ for s in $steps; do
              --json "$out/gemm_configs.json";;
     splitk) step probe-split-k ${SPLITK_LIMIT:-300} $py -m benchmarks.probe_split_k --json "$out/probe_split_k.json";;
     profile) stand_in; step profile ${PROFILE_LIMIT:-480} $py benchmarks/profile_determinism.py --model-path $qwen $weights \
-               --setups plugin-256-defaults,plugin-256-gemms,nondet-256 --out "$out/profile.json" \
+               --setups plugin-256-defaults,plugin-256-fast,nondet-256 --out "$out/profile.json" \
                --logs "$out/profile-logs";;
     serving) stand_in; step serving ${SERVING_LIMIT:-840} $py benchmarks/serving.py --model-path $qwen $weights \
-               --setups plugin-256-defaults,plugin-256-gemms,nondet-256,triton-256,triton-256-gemms \
+               --setups plugin-256-defaults,plugin-256-fast,nondet-256 \
                --workloads rl,agent --repeat-setups "" --skip-long-prompts --deadline-s 700 \
                --out "$out/serving.json" --logs "$out/serving-logs";;
   esac
