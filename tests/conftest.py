@@ -5,7 +5,8 @@ The suite runs against whichever supported release is installed (.ci/run runs
 it on the releases named in sglang_chunk_align/releases.py); what a release
 lacks is skipped with a reason. A test marked `needs_grid_rules` skips on
 releases without the grid rules, one marked `needs_radix_opt_in` on releases
-where they do not reach radix hits and the tree (so the radix cache stays off there).
+where they do not reach radix hits and the tree (so the radix cache stays off there),
+one marked `needs_gemm_configs` on releases before the GEMM configs.
 """
 
 import json
@@ -44,6 +45,7 @@ RELEASE_MARKERS = {
     "needs_radix_opt_in": (
         releases.RADIX_OPT_IN, "the radix cache kept on, where the grid rules reach radix hits and the tree"
     ),
+    "needs_gemm_configs": (releases.GEMM_CONFIGS, "the GEMM configs"),
 }
 
 
@@ -119,6 +121,23 @@ def _run_python(code, **env):
     return subprocess.run(
         [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=600
     )
+
+
+# SGLang's batch-invariant GEMM kernel on CPU tensors, under Triton's interpreter (which must be on before
+# SGLang defines the kernel, so in a fresh interpreter): run_interpreted(script) runs this, then `script`,
+# which prints one JSON line last.
+_INTERPRETED = r"""
+import json, sys
+import torch
+from sglang.srt.batch_invariant_ops import batch_invariant_ops as kernels
+kernels.get_device_core_count = lambda *args: 4  # 0 on a CPU: stock's grid would launch no program
+"""
+
+
+def run_interpreted(script):
+    run = _run_python(_INTERPRETED + script, TRITON_INTERPRET="1")
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture

@@ -8,30 +8,21 @@ the tuner must refuse it. That configs with stock's BLOCK_K give stock's bits on
 they are, is tests/gpu/test_gemm_bits.py's and benchmarks/gemm_configs.py's.
 """
 
-import json
 import logging
 import os
-import subprocess
-import sys
 
 import pytest
+from conftest import run_interpreted
 
-from sglang_chunk_align import gemms, releases
-from sglang_chunk_align.compat import GEMMS_ENV, installed_version, sglang_at_least
+from sglang_chunk_align import gemms
+from sglang_chunk_align.compat import GEMMS_ENV
 
-pytestmark = pytest.mark.skipif(
-    not sglang_at_least(releases.GEMM_CONFIGS),
-    reason=f"the GEMM configs need SGLang {releases.GEMM_CONFIGS} or newer, not {installed_version()}",
-)
+pytestmark = pytest.mark.needs_gemm_configs
 
 # Run under the interpreter: tune one fp16 shape (a stand-in clock that prefers 64-column tiles, and
 # one candidate with half stock's BLOCK_K slipped in), then serve it through SGLang's matmul_persistent
 # with the plugin applied, and after patches.remove().
 INTERPRETED = r"""
-import json, sys
-import torch
-from sglang.srt.batch_invariant_ops import batch_invariant_ops as kernels
-kernels.get_device_core_count = lambda *args: 4  # 0 on a CPU: stock's grid would launch no program
 from sglang_chunk_align import gemms, patch_table, patches
 
 torch.manual_seed(0)
@@ -70,10 +61,7 @@ json.dump(report, sys.stdout)
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-c", INTERPRETED], capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return run_interpreted(INTERPRETED)
 
 
 def test_the_tuner_keeps_stock_block_k_and_refuses_a_config_with_other_bits(interpreted):

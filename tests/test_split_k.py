@@ -7,27 +7,17 @@ of several blocks regroups each sum: fp32 shows it in the last bits, which fp16 
 On a GPU the same checks are tests/gpu/test_gemm_bits.py's.
 """
 
-import json
 import logging
-import os
-import subprocess
-import sys
 
 import pytest
+from conftest import run_interpreted
 
-from sglang_chunk_align import gemms, releases
-from sglang_chunk_align.compat import FAST_GEMMS_ENV, GEMMS_ENV, installed_version, sglang_at_least
+from sglang_chunk_align import gemms
+from sglang_chunk_align.compat import FAST_GEMMS_ENV, GEMMS_ENV
 
-pytestmark = pytest.mark.skipif(
-    not sglang_at_least(releases.GEMM_CONFIGS),
-    reason=f"the GEMM configs need SGLang {releases.GEMM_CONFIGS} or newer, not {installed_version()}",
-)
+pytestmark = pytest.mark.needs_gemm_configs
 
 INTERPRETED = r"""
-import json, sys
-import torch
-from sglang.srt.batch_invariant_ops import batch_invariant_ops as kernels
-kernels.get_device_core_count = lambda *args: 4  # 0 on a CPU: stock's grid would launch no program
 from sglang_chunk_align import gemms, patch_table, patches, split_k
 
 torch.manual_seed(0)
@@ -90,10 +80,7 @@ json.dump(report, sys.stdout)
 
 @pytest.fixture(scope="module")
 def interpreted():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-c", INTERPRETED], capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return run_interpreted(INTERPRETED)
 
 
 @pytest.mark.parametrize("dtype", ["torch.float16", "torch.float32"])
