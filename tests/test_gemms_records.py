@@ -49,6 +49,12 @@ def test_the_readmes_gemm_figures_are_call2s():
     assert "NVIDIA H100" in json.loads((RECORDS / "call2/serving.json").read_text())["stack"]["gpu"]
 
 
+def test_the_benchmarks_readme_gives_call2s_gemm_time():
+    said = " ".join((ROOT / "benchmarks/README.md").read_text().split())
+    assert (f"from {decode_ms('plugin-256-defaults', 'gemm')} to {decode_ms('plugin-256-gemms', 'gemm')} ms on an "
+            "H100") in said
+
+
 def test_the_gemm_configs_left_every_answer_as_stocks_config_gave_it():
     compared = json.loads((RECORDS / "call2/serving.json").read_text())["outputs_compared"]["plugin-256-gemms"]
     assert compared == {"against": "plugin-256-defaults", "agree": True, "rl": "128/128 requests identical",
