@@ -114,8 +114,11 @@ class Table:
 
     def config(self, a, b, out_dtype, bias):
         """The config for this call, or None for stock's."""
-        top = bucket(a.shape[0])
-        shape = self.shape(a, b, out_dtype, bias)
+        return self.config_for(a.shape[0], self.shape(a, b, out_dtype, bias))
+
+    def config_for(self, rows, shape):
+        """The config for `rows` rows of `shape` (None: a call no config is proven for), or None for stock's."""
+        top = bucket(rows)
         if top is None or shape is None:
             return None
         tuned = self.configs.get(shape)
@@ -142,12 +145,13 @@ def per_m_config(wrapped, instance, args, kwargs):
     if _table is None:
         return wrapped(*args, **kwargs)
     a, b, out_dtype, bias = _gemm_args(*args, **kwargs)
-    splits = _table.splits.get(_table.shape(a, b, out_dtype, bias)) if _table.splits else None
+    shape = Table.shape(a, b, out_dtype, bias)
+    splits = _table.splits.get(shape)
     if splits:
         from . import split_k
 
-        return split_k.launch(a, b, out_dtype, bias, splits, STOCK[dtype_name(a.dtype)].block_k)
-    config = _table.config(a, b, out_dtype, bias)
+        return split_k.launch(a, b, out_dtype, bias, splits, STOCK[shape.dtype].block_k)
+    config = _table.config_for(a.shape[0], shape)
     if config is None:
         return wrapped(*args, **kwargs)
     return launch(a, b, out_dtype, bias, config)

@@ -470,8 +470,7 @@ class Recorded:
         """Recorded answers were cold when recorded."""
 
     def gemm_sums(self):
-        """How the recording server's GEMMs summed K (BaselineCache wrote it)."""
-        return self.answers.get(SUMS_KEY, STOCK_SUMS)
+        return BaselineCache.recorded_sums(self.answers)
 
     def generate(self, field, request, max_new_tokens):
         found = BaselineCache.found(self.answers, field, request, max_new_tokens)
@@ -723,7 +722,7 @@ class BaselineCache:
             fcntl.flock(self.lock, fcntl.LOCK_EX)
             try:
                 self.answers = self.read(self.path, "--baseline-cache")
-                check_same_sums({f"the answers in {self.path}": self.answers.get(SUMS_KEY, STOCK_SUMS),
+                check_same_sums({f"the answers in {self.path}": self.recorded_sums(self.answers),
                                  "the baseline": self.sums})
             except FileNotFoundError:
                 pass
@@ -731,6 +730,11 @@ class BaselineCache:
                 self._unlock()
                 raise
         return self
+
+    @staticmethod
+    def recorded_sums(answers):
+        """How the GEMMs of the server whose `answers` a file holds summed K (__exit__ writes it)."""
+        return answers.get(SUMS_KEY, STOCK_SUMS)
 
     @staticmethod
     def read(path, option):

@@ -16,7 +16,8 @@
 #            requests with 2k tokens of context, the plugin's defaults (GEMM configs per M, on by default
 #            since call2) and with fast GEMMs, beside non-deterministic flashinfer, one server at a time;
 #   serving  benchmarks/serving.py on the same checkpoint, rollouts and agents: the same three setups, each
-#            deterministic one verified (fast GEMMs against a reference that runs them, unchunked).
+#            deterministic one verified (fast GEMMs against a reference that runs them, unchunked), and verify's
+#            control in the same run (non-deterministic flashinfer, which it must find inexact; call2 had none).
 # call1-call4 ran the plan as it was before fast mode (COMMANDS.md gives each call's command).
 #
 #   usage: OUT=DIR [PY=python3] [STEPS="bits micro splitk profile serving"] [MICRO_MODELS="qwen2.5-7b ..."]
@@ -26,9 +27,9 @@
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). Planned
 # durations (a warm machine; the first compiles of SGLang's kernel with each config dominate bits and micro):
 # bits about 2 min (call4), micro about 5 min, splitk about 2 min (call1), profile about 5.5 min (three servers in
-# turn, call2), serving about 11.5 min (three setups and two references, call2).
+# turn, call2), serving about 11.5 min (three setups and two references, call2) plus about 2 for the control.
 # A cold machine's start cost about 30 s in call2, 450 s on 2026-12-05 (exactness_h200/COMMANDS.md, call3). Fast
-# mode's session: STEPS="bits splitk profile serving" (about 21 min).
+# mode's session: STEPS="bits splitk profile serving" (about 23 min).
 set -u
 out=${OUT:?OUT: where the results go}
 py=${PY:-python3}
@@ -48,7 +49,7 @@ for s in $steps; do
                --setups plugin-256-defaults,plugin-256-fast,nondet-256 --out "$out/profile.json" \
                --logs "$out/profile-logs";;
     serving) stand_in; step serving ${SERVING_LIMIT:-840} $py benchmarks/serving.py --model-path $qwen $weights \
-               --setups plugin-256-defaults,plugin-256-fast,nondet-256 \
+               --setups plugin-256-defaults,plugin-256-fast,nondet-256,nondet-256-control \
                --workloads rl,agent --repeat-setups "" --skip-long-prompts --deadline-s 700 \
                --out "$out/serving.json" --logs "$out/serving-logs";;
   esac
