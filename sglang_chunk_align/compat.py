@@ -38,6 +38,9 @@ GEMMS_ENV = "SGLANG_CHUNK_ALIGN_GEMMS"
 # Set to 1 for fast GEMMs (split_k.py): K summed as fixed ranges per shape where that adds tiles,
 # batch-invariant but not stock's bits, so a reference must run it too; unset or 0 keeps stock's sums.
 FAST_GEMMS_ENV = "SGLANG_CHUNK_ALIGN_FAST_GEMMS"
+# Unset or 1 runs an RMSNorm that adds a residual, under batch-invariant mode, as three kernels in stock's
+# arithmetic (norms.py); 0 keeps stock's eleven.
+NORMS_ENV = "SGLANG_CHUNK_ALIGN_NORMS"
 # Where the grid rules run but do not reach radix hits and the tree (scheduler start, doctor).
 RADIX_OPT_IN_NEEDS = (
     f"{RADIX_CACHE_ENV}=1 needs SGLang {releases.RADIX_OPT_IN} or newer, where the grid rules reach "
@@ -48,7 +51,7 @@ MAMBA_NEEDS = "a prefix rounded to the grid would need a mamba state there"
 # The environment switches and their defaults (README, "Switches"); None: unset is a third value.
 SWITCHES = {
     RULES_ENV: True, RADIX_CACHE_ENV: None, DECODE_WAIT_ENV: False, SPLIT_ATTENTION_ENV: True, UNSPLIT_DECODE_ENV: True,
-    GEMMS_ENV: True, FAST_GEMMS_ENV: False, ALLOW_UNTESTED_ENV: False,
+    GEMMS_ENV: True, FAST_GEMMS_ENV: False, NORMS_ENV: True, ALLOW_UNTESTED_ENV: False,
 }
 
 

@@ -12,7 +12,7 @@ wrapped function's row also holds what its wrapper relies on there
 tests/test_release_wheels.py checks in every release's source.
 """
 
-from . import backends, decode_wait, gemms, prefill_hooks, releases, scheduler_hooks, split_attention, unsplit_decode
+from . import backends, decode_wait, gemms, norms, prefill_hooks, releases, scheduler_hooks, split_attention, unsplit_decode
 from .patches import ALL_RELEASES, Declare, Wrap
 
 _ATTN = "sglang.srt.layers.attention."
@@ -111,6 +111,17 @@ PATCH_POINTS = (
     Wrap(_SCHEDULER, "Scheduler.get_init_info", gemms.report_sums,
          "a server in fast mode sums K unlike stock's GEMMs: /server_info must say so, for verify to refuse a stock "
          "reference", f">={releases.GEMM_CONFIGS}", signature="self"),
+    Wrap("sglang.srt.layers.layernorm", "RMSNorm.forward_native", norms.fuse_residual_norm,
+         "under batch-invariant mode SGLang runs every RMSNorm that adds a residual here, as eleven kernels; "
+         "the same arithmetic runs as three", signature="self, x, residual, post_residual_addition, ...",
+         statements=(  # the arithmetic norm_kernels.add_rms_norm restates
+             "orig_dtype = self.override_orig_dtype or x.dtype",
+             "x = x + residual.to(torch.float32)",
+             "residual = x.to(orig_dtype)",
+             "variance = x_var.pow(2).mean(dim=-1, keepdim=True)",
+             "x = x * torch.rsqrt(variance + self.variance_epsilon)",
+             "x = (x * self.weight).to(orig_dtype)",
+         )),
     Wrap("sglang.srt.entrypoints.engine", "Engine._launch_subprocesses", scheduler_hooks.refuse_ray_schedulers,
          "Ray scheduler actors never load plugins: refuse deterministic flashinfer there, never run stock",
          signature="cls, server_args, ..."),
@@ -196,9 +207,10 @@ def failure_guard(error):
 
 
 def reset():
-    """Forget what the hooks activated, the rules, the decode wait, the unsplit decode plan and the
-    GEMM configs: stock SGLang has none of them (patches.remove())."""
+    """Forget what the hooks activated, the rules, the decode wait, the unsplit decode plan, the
+    GEMM configs and the norms' switch: stock SGLang has none of them (patches.remove())."""
     prefill_hooks.activate(None)
     decode_wait.activate(None)
     unsplit_decode.activate(False)
     gemms.activate(None)
+    norms.reset()

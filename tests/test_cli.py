@@ -79,7 +79,8 @@ def test_doctor_reports_a_working_install():
     assert report["switches"] == {
         "SGLANG_CHUNK_ALIGN_RULES": 1, "SGLANG_CHUNK_ALIGN_RADIX_CACHE": None, "SGLANG_CHUNK_ALIGN_DECODE_WAIT": 0,
         "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION": 1, "SGLANG_CHUNK_ALIGN_UNSPLIT_DECODE": 1,
-        "SGLANG_CHUNK_ALIGN_GEMMS": 1, "SGLANG_CHUNK_ALIGN_FAST_GEMMS": 0, "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED": 0,
+        "SGLANG_CHUNK_ALIGN_GEMMS": 1, "SGLANG_CHUNK_ALIGN_FAST_GEMMS": 0, "SGLANG_CHUNK_ALIGN_NORMS": 1,
+        "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED": 0,
     }
     mamba = ("; for a mamba model: off, as stock (a mamba prefix cache: a prefix rounded to the grid would need a "
              "mamba state there)")
