@@ -45,11 +45,12 @@ from benchmarks import random_checkpoint, real_server, serving  # noqa: E402  (r
 # add-RMSNorm is a norm whatever else its name says. Under determinism RMSNorm runs unfused
 # (batch_invariant_ops' aten::rms_norm: pow, mean_kernel, rsqrt, then multiplies, adds and dtype
 # copies); the first three are its own, the generic elementwise ones stay in "rest", which the
-# recorded kernels show.
+# recorded kernels show. The plugin's own: fast mode's split_k_kernel and ordered_sum are GEMMs
+# (split_k.py), its residual RMSNorm's add_and_square and scale a norm (norm_kernels.py).
 CATEGORIES = (
     ("attention", r"BatchPrefill|BatchDecode|SinglePrefill|SingleDecode|MergeState|PersistentKernel|_fwd_|attention|attn"),
-    ("gemm", r"gemm|matmul|nvjet|xmma|cutlass|cublas|mm_kernel|splitk"),
-    ("norm", r"norm|mean_kernel|rsqrt|pow_tensor_scalar"),
+    ("gemm", r"gemm|matmul|nvjet|xmma|cutlass|cublas|mm_kernel|split_?k|ordered_sum"),
+    ("norm", r"norm|mean_kernel|rsqrt|pow_tensor_scalar|add_and_square|^scale$"),
     # murmur_hash32 seeds deterministic sampling per request; uniform_and_transform draws stock's noise
     ("sampling", r"sampl|softmax|argmax|top_?k|top_?p|multinomial|gumbel|exponential|philox|penalt|murmur_hash|uniform"),
 )
