@@ -122,6 +122,10 @@ SETUPS = {
                                  {**PLUGIN, "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION": "0"}),
     "plugin-256-fast": Setup("plugin, chunk 256, radix cache, the plugin's defaults and fast GEMMs (split-K fixed per "
                              "shape)", 256, FAST_GEMMS, reference="flashinfer-fast"),
+    # The plugin as it was before issue 47: stock's one GEMM config and stock's eleven-kernel norms.
+    "plugin-256-stock-ops": Setup("plugin, chunk 256, radix cache, the plugin's defaults but stock's GEMM config and "
+                                  "RMSNorm", 256, {**PLUGIN, "SGLANG_CHUNK_ALIGN_GEMMS": "0",
+                                                   "SGLANG_CHUNK_ALIGN_NORMS": "0"}),
     # Batch-invariant GEMMs with a tile config per M (docs/gemms.md): stock's bits, so stock's reference checks them.
     "plugin-256-gemms": Setup("plugin, chunk 256, radix cache, the plugin's defaults and GEMM configs per M", 256,
                               {**PLUGIN, "SGLANG_CHUNK_ALIGN_GEMMS": "1"}),

@@ -1,5 +1,5 @@
 """Every figure the README and benchmarks/logs/gemms_h200/COMMANDS.md give for issue 47's serving and
-profile runs (call2, call3) and the GPU bits test (call4), read from their records."""
+profile runs (call2, call3, call5) and the GPU bits tests (call4, call5), read from their records."""
 
 import json
 import pathlib
@@ -9,6 +9,8 @@ RECORDS = ROOT / "benchmarks/logs/gemms_h200"
 SERVING = {entry["setup"]: entry for entry in json.loads((RECORDS / "call2/serving.json").read_text())["setups"]}
 TRITON = {entry["setup"]: entry for entry in json.loads((RECORDS / "call3/serving.json").read_text())["setups"]}
 PROFILE = {entry["setup"]: entry for entry in json.loads((RECORDS / "call2/profile.json").read_text())["setups"]}
+MODES = {entry["setup"]: entry for entry in json.loads((RECORDS / "call5/serving.json").read_text())["setups"]}
+MODES_PROFILE = {entry["setup"]: entry for entry in json.loads((RECORDS / "call5/profile.json").read_text())["setups"]}
 README = " ".join((ROOT / "README.md").read_text().split())
 COMMANDS = " ".join((RECORDS / "COMMANDS.md").read_text().split())
 
@@ -31,22 +33,70 @@ def identical_per_pass(entry):
     return f"{identical} of {requests}"
 
 
-def decode_ms(name, category="total"):
-    return f"{PROFILE[name]['scenarios']['decode']['breakdown_ms_per_step'][category]:.2f}"
+def decode_ms(name, category="total", profile=PROFILE, scenario="decode"):
+    return f"{profile[name]['scenarios'][scenario]['breakdown_ms_per_step'][category]:.2f}"
 
 
-def test_the_readmes_gemm_figures_are_call2s():
-    defaults, tuned, ceiling = (SERVING[n] for n in ("plugin-256-defaults", "plugin-256-gemms", "nondet-256"))
-    assert defaults["env"] == {"SGLANG_PLUGINS": "chunk_align"}
-    assert tuned["env"] == {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_GEMMS": "1"}
-    (rl_before, agents_before), (rl_after, agents_after) = tok_s(defaults), tok_s(tuned)
-    assert (f"rollouts {rl_before} to {rl_after} tok/s, agents {agents_before} to {agents_after} "
-            f"(non-deterministic {' / '.join(tok_s(ceiling))}), both verified "
-            f"{identical_per_pass(tuned)}") in README
-    assert identical_per_pass(defaults) == identical_per_pass(tuned) == "36 of 36"
-    assert (f"a decode step at batch 64 {decode_ms('plugin-256-defaults')} to {decode_ms('plugin-256-gemms')} ms "
-            f"(non-deterministic {decode_ms('nondet-256')})") in README
+def test_the_readmes_stock_config_figures_are_call2s():
+    defaults, ceiling = SERVING["plugin-256-defaults"], SERVING["nondet-256"]
+    assert defaults["env"] == {"SGLANG_PLUGINS": "chunk_align"}  # before the configs were on by default
+    assert (f"stock's config served {' / '.join(tok_s(defaults))} tok/s, a decode step "
+            f"{decode_ms('plugin-256-defaults')} ms, against {' / '.join(tok_s(ceiling))} and "
+            f"{decode_ms('nondet-256')} ms non-deterministic") in README
     assert "NVIDIA H100" in json.loads((RECORDS / "call2/serving.json").read_text())["stack"]["gpu"]
+
+
+def share(name, workload):
+    return f"{MODES[name]['workloads'][workload]['output_tok_s'] / MODES['nondet-256']['workloads'][workload]['output_tok_s']:.0%}"
+
+
+def test_the_readmes_modes_table_is_call5s():
+    defaults, fast = MODES["plugin-256-defaults"], MODES["plugin-256-fast"]
+    assert defaults["env"] == {"SGLANG_PLUGINS": "chunk_align"}
+    assert fast["env"] == {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_FAST_GEMMS": "1"}
+    assert identical_per_pass(defaults) == identical_per_pass(fast) == "36 of 36"
+    assert defaults["verify_ok"] and fast["verify_ok"]
+    assert fast["verify"]["recorded"].endswith("baseline-flashinfer-fast.json")
+    assert defaults["verify"]["recorded"].endswith("baseline-flashinfer.json")
+    control = MODES["nondet-256-control"]
+    assert control["verify_ok"] is False and identical_per_pass(control) == "0 of 36"
+    rows = {"plugin-256-defaults": "| the plugin's defaults (stock's bits) |",
+            "plugin-256-fast": "| with `SGLANG_CHUNK_ALIGN_FAST_GEMMS=1` |"}
+    for name, label in rows.items():
+        rl, agents = (tok(MODES[name]["workloads"][w]["output_tok_s"]) for w in ("rl", "agent"))
+        row = (f"{label} {rl} / {agents} | {share(name, 'rl')} / {share(name, 'agent')} | "
+               f"{decode_ms(name, profile=MODES_PROFILE)} ms |")
+        assert row in README, row
+    assert (f"| non-deterministic flashinfer | {' / '.join(tok_s(MODES['nondet-256']))} | | "
+            f"{decode_ms('nondet-256', profile=MODES_PROFILE)} ms | its control: 0 identical |") in README
+    assert "NVIDIA H100" in json.loads((RECORDS / "call5/serving.json").read_text())["stack"]["gpu"]
+
+
+def test_call5s_tables_are_the_records():
+    for name in ("plugin-256-defaults", "plugin-256-fast", "nondet-256", "nondet-256-control"):
+        rl, agents = (f"{MODES[name]['workloads'][w]['output_tok_s']:,.1f}" for w in ("rl", "agent"))
+        assert f"| {rl} | {agents} |" in COMMANDS, name
+    for name, label in (("plugin-256-defaults", "the plugin's defaults"),
+                        ("plugin-256-fast", "the defaults and fast GEMMs"),
+                        ("nondet-256", "non-deterministic flashinfer")):
+        cells = [decode_ms(name, c, MODES_PROFILE) for c in ("total", "gemm", "norm", "rest")]
+        decode = MODES_PROFILE[name]["scenarios"]["decode"]
+        row = (f"| {label} | {cells[0]} ms | {cells[1]} ms | {cells[2]} ms | {cells[3]} ms | "
+               f"{decode['itl_p50_s_unprofiled'] * 1000:.1f} ms | {decode_ms(name, profile=MODES_PROFILE, scenario='chunk')} ms "
+               f"(GEMMs {decode_ms(name, 'gemm', MODES_PROFILE, 'chunk')}) |")
+        assert row in COMMANDS, row
+
+
+def test_call5s_norm_and_fast_bits_passed_with_their_controls():
+    norms = (RECORDS / "call5/norms-driver.txt").read_text()
+    assert "20 passed" in norms and "failed" not in norms and "== norm-bits: exit 0" in norms
+    log = (RECORDS / "call5/log").read_text()
+    assert "4 passed, 14 deselected" in log and "== gemm-bits: exit 0" in log
+    assert "SGLANG_CHUNK_ALIGN_NORMS=0" not in log  # call5.sh's fallback did not run
+    defaults = MODES["plugin-256-defaults"]
+    assert any("RMSNorms that add a residual run as three kernels" in line for line in defaults["plugin_lines"])
+    kernels = MODES_PROFILE["plugin-256-defaults"]["scenarios"]["decode"]["kernels"]
+    assert {"add_and_square", "scale"} <= set(kernels)
 
 
 def test_the_benchmarks_readme_gives_call2s_gemm_time():

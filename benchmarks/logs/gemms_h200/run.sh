@@ -8,6 +8,9 @@
 #            on Qwen2.5-7B's qkv and down, bf16 and fp16; controls that must differ: K summed in reverse
 #            on every shape, cuBLAS on some; fast mode's split-K batch-invariant, a split chosen by M its
 #            control (BITS_K: pytest's -k, to run some of its tests);
+#   norms    tests/gpu/test_norm_bits.py: RMSNorm with a residual through the plugin's three kernels against
+#            stock's forward_native under batch-invariant mode, bf16 and fp16, five hidden sizes, M 1-4,096;
+#            the control, each row's squares summed in reverse, must differ;
 #   micro    benchmarks/gemm_configs.py: every GEMM of six model families, 27 configs each against stock's
 #            bits at M up to 16,384, the plugin's tuner, and stock/tuned/cuBLAS times at M up to 256;
 #   splitk   benchmarks/probe_split_k.py: fast mode's kernel (split_k.py) at 1, 2, 4 and 8 splits on
@@ -20,8 +23,8 @@
 #            control in the same run (non-deterministic flashinfer, which it must find inexact; call2 had none).
 # call1-call4 ran the plan as it was before fast mode (COMMANDS.md gives each call's command).
 #
-#   usage: OUT=DIR [PY=python3] [STEPS="bits micro splitk profile serving"] [MICRO_MODELS="qwen2.5-7b ..."]
-#          [BITS_K=EXPRESSION] [BITS_LIMIT=420 MICRO_LIMIT=900 SPLITK_LIMIT=300 PROFILE_LIMIT=480 SERVING_LIMIT=840]
+#   usage: OUT=DIR [PY=python3] [STEPS="bits norms micro splitk profile serving"] [MICRO_MODELS="qwen2.5-7b ..."]
+#          [BITS_K=EXPRESSION] [SERVING_SETUPS=a,b,...] [BITS_LIMIT=420 NORMS_LIMIT=240 MICRO_LIMIT=900 SPLITK_LIMIT=300 PROFILE_LIMIT=480 SERVING_LIMIT=840]
 #          (seconds)
 #          bash benchmarks/logs/gemms_h200/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). Planned
@@ -29,11 +32,11 @@
 # bits about 2 min (call4), micro about 5 min, splitk about 2 min (call1), profile about 5.5 min (three servers in
 # turn, call2), serving about 11.5 min (three setups and two references, call2) plus about 2 for the control.
 # A cold machine's start cost about 30 s in call2, 450 s on 2026-12-05 (exactness_h200/COMMANDS.md, call3). Fast
-# mode's session: STEPS="bits splitk profile serving" (about 23 min).
+# mode's and the norms' session: STEPS="bits norms serving profile" BITS_K=fast (about 21 min).
 set -u
 out=${OUT:?OUT: where the results go}
 py=${PY:-python3}
-steps=${STEPS:-bits micro splitk profile serving}
+steps=${STEPS:-bits norms micro splitk profile serving}
 qwen=benchmarks/models/qwen2.5-7b
 weights="--weights random --checkpoints /tmp/checkpoints"
 mkdir -p "$out"
@@ -42,6 +45,7 @@ record_stack ""
 for s in $steps; do
   case $s in
     bits) step gemm-bits ${BITS_LIMIT:-420} $py -m pytest -q -n 0 -rs -s ${BITS_K:+-k "$BITS_K"} tests/gpu/test_gemm_bits.py;;
+    norms) step norm-bits ${NORMS_LIMIT:-240} $py -m pytest -q -n 0 -rs -s tests/gpu/test_norm_bits.py;;
     micro) step gemm-configs ${MICRO_LIMIT:-900} $py -m benchmarks.gemm_configs ${MICRO_MODELS:+--models $MICRO_MODELS} \
              --json "$out/gemm_configs.json";;
     splitk) step probe-split-k ${SPLITK_LIMIT:-300} $py -m benchmarks.probe_split_k --json "$out/probe_split_k.json";;
@@ -49,7 +53,7 @@ for s in $steps; do
                --setups plugin-256-defaults,plugin-256-fast,nondet-256 --out "$out/profile.json" \
                --logs "$out/profile-logs";;
     serving) stand_in; step serving ${SERVING_LIMIT:-840} $py benchmarks/serving.py --model-path $qwen $weights \
-               --setups plugin-256-defaults,plugin-256-fast,nondet-256,nondet-256-control \
+               --setups ${SERVING_SETUPS:-plugin-256-defaults,plugin-256-fast,nondet-256,nondet-256-control} \
                --workloads rl,agent --repeat-setups "" --skip-long-prompts --deadline-s 700 \
                --out "$out/serving.json" --logs "$out/serving-logs";;
   esac
