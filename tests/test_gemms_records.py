@@ -33,7 +33,8 @@ def identical_per_pass(entry):
     return f"{identical} of {requests}"
 
 
-def decode_ms(name, category="total", profile=PROFILE, scenario="decode"):
+def profiled_ms(name, category="total", profile=PROFILE, scenario="decode"):
+    """A profiled step's GPU time in one category (ms, as the tables print it)."""
     return f"{profile[name]['scenarios'][scenario]['breakdown_ms_per_step'][category]:.2f}"
 
 
@@ -41,8 +42,8 @@ def test_the_readmes_stock_config_figures_are_call2s():
     defaults, ceiling = SERVING["plugin-256-defaults"], SERVING["nondet-256"]
     assert defaults["env"] == {"SGLANG_PLUGINS": "chunk_align"}  # before the configs were on by default
     assert (f"stock's config served {' / '.join(tok_s(defaults))} tok/s, a decode step "
-            f"{decode_ms('plugin-256-defaults')} ms, against {' / '.join(tok_s(ceiling))} and "
-            f"{decode_ms('nondet-256')} ms non-deterministic") in README
+            f"{profiled_ms('plugin-256-defaults')} ms, against {' / '.join(tok_s(ceiling))} and "
+            f"{profiled_ms('nondet-256')} ms non-deterministic") in README
     assert "NVIDIA H100" in json.loads((RECORDS / "call2/serving.json").read_text())["stack"]["gpu"]
 
 
@@ -65,10 +66,10 @@ def test_the_readmes_modes_table_is_call5s():
     for name, label in rows.items():
         rl, agents = (tok(MODES[name]["workloads"][w]["output_tok_s"]) for w in ("rl", "agent"))
         row = (f"{label} {rl} / {agents} | {share(name, 'rl')} / {share(name, 'agent')} | "
-               f"{decode_ms(name, profile=MODES_PROFILE)} ms |")
+               f"{profiled_ms(name, profile=MODES_PROFILE)} ms |")
         assert row in README, row
     assert (f"| non-deterministic flashinfer | {' / '.join(tok_s(MODES['nondet-256']))} | | "
-            f"{decode_ms('nondet-256', profile=MODES_PROFILE)} ms | its control: 0 identical |") in README
+            f"{profiled_ms('nondet-256', profile=MODES_PROFILE)} ms | its control: 0 identical |") in README
     assert "NVIDIA H100" in json.loads((RECORDS / "call5/serving.json").read_text())["stack"]["gpu"]
 
 
@@ -79,11 +80,11 @@ def test_call5s_tables_are_the_records():
     for name, label in (("plugin-256-defaults", "the plugin's defaults"),
                         ("plugin-256-fast", "the defaults and fast GEMMs"),
                         ("nondet-256", "non-deterministic flashinfer")):
-        cells = [decode_ms(name, c, MODES_PROFILE) for c in ("total", "gemm", "norm", "rest")]
+        cells = [profiled_ms(name, c, MODES_PROFILE) for c in ("total", "gemm", "norm", "rest")]
         decode = MODES_PROFILE[name]["scenarios"]["decode"]
         row = (f"| {label} | {cells[0]} ms | {cells[1]} ms | {cells[2]} ms | {cells[3]} ms | "
-               f"{decode['itl_p50_s_unprofiled'] * 1000:.1f} ms | {decode_ms(name, profile=MODES_PROFILE, scenario='chunk')} ms "
-               f"(GEMMs {decode_ms(name, 'gemm', MODES_PROFILE, 'chunk')}) |")
+               f"{decode['itl_p50_s_unprofiled'] * 1000:.1f} ms | {profiled_ms(name, profile=MODES_PROFILE, scenario='chunk')} ms "
+               f"(GEMMs {profiled_ms(name, 'gemm', MODES_PROFILE, 'chunk')}) |")
         assert row in COMMANDS, row
 
 
@@ -101,7 +102,7 @@ def test_call5s_norm_and_fast_bits_passed_with_their_controls():
 
 def test_the_benchmarks_readme_gives_call2s_gemm_time():
     said = " ".join((ROOT / "benchmarks/README.md").read_text().split())
-    assert (f"from {decode_ms('plugin-256-defaults', 'gemm')} to {decode_ms('plugin-256-gemms', 'gemm')} ms on an "
+    assert (f"from {profiled_ms('plugin-256-defaults', 'gemm')} to {profiled_ms('plugin-256-gemms', 'gemm')} ms on an "
             "H100") in said
 
 
@@ -126,7 +127,7 @@ def test_the_commands_tables_are_the_records():
     for name, label in (("plugin-256-defaults", "the plugin's defaults"),
                         ("plugin-256-gemms", "with `SGLANG_CHUNK_ALIGN_GEMMS=1`"),
                         ("nondet-256", "non-deterministic flashinfer")):
-        assert f"| {label} | {decode_ms(name)} ms | {decode_ms(name, 'gemm')} ms |" in COMMANDS, label
+        assert f"| {label} | {profiled_ms(name)} ms | {profiled_ms(name, 'gemm')} ms |" in COMMANDS, label
 
 
 def test_stock_triton_failed_only_the_chat_turns_after_a_radix_hit():
