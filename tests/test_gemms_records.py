@@ -1,5 +1,5 @@
 """Every figure the README and benchmarks/logs/gemms_h200/COMMANDS.md give for issue 47's serving and
-profile runs (call2, call3, call5) and the GPU bits tests (call4, call5), read from their records."""
+profile runs (call2, call3, call5, call6) and the GPU bits tests (call4, call5, call6), read from their records."""
 
 import json
 import pathlib
@@ -10,6 +10,7 @@ SERVING = {entry["setup"]: entry for entry in json.loads((RECORDS / "call2/servi
 TRITON = {entry["setup"]: entry for entry in json.loads((RECORDS / "call3/serving.json").read_text())["setups"]}
 PROFILE = {entry["setup"]: entry for entry in json.loads((RECORDS / "call2/profile.json").read_text())["setups"]}
 MODES = {entry["setup"]: entry for entry in json.loads((RECORDS / "call5/serving.json").read_text())["setups"]}
+SIDE_BY_SIDE = {entry["setup"]: entry for entry in json.loads((RECORDS / "call6/serving.json").read_text())["setups"]}
 MODES_PROFILE = {entry["setup"]: entry for entry in json.loads((RECORDS / "call5/profile.json").read_text())["setups"]}
 README = " ".join((ROOT / "README.md").read_text().split())
 COMMANDS = " ".join((RECORDS / "COMMANDS.md").read_text().split())
@@ -38,39 +39,67 @@ def profiled_ms(name, category="total", profile=PROFILE, scenario="decode"):
     return f"{profile[name]['scenarios'][scenario]['breakdown_ms_per_step'][category]:.2f}"
 
 
-def test_the_readmes_stock_config_figures_are_call2s():
-    defaults, ceiling = SERVING["plugin-256-defaults"], SERVING["nondet-256"]
-    assert defaults["env"] == {"SGLANG_PLUGINS": "chunk_align"}  # before the configs were on by default
-    assert (f"stock's config served {' / '.join(tok_s(defaults))} tok/s, a decode step "
-            f"{profiled_ms('plugin-256-defaults')} ms, against {' / '.join(tok_s(ceiling))} and "
-            f"{profiled_ms('nondet-256')} ms non-deterministic") in README
-    assert "NVIDIA H100" in json.loads((RECORDS / "call2/serving.json").read_text())["stack"]["gpu"]
-
-
 def share(name, workload):
-    return f"{MODES[name]['workloads'][workload]['output_tok_s'] / MODES['nondet-256']['workloads'][workload]['output_tok_s']:.0%}"
+    ceiling = SIDE_BY_SIDE["nondet-256-control"]["workloads"][workload]["output_tok_s"]
+    return f"{SIDE_BY_SIDE[name]['workloads'][workload]['output_tok_s'] / ceiling:.0%}"
 
 
-def test_the_readmes_modes_table_is_call5s():
-    defaults, fast = MODES["plugin-256-defaults"], MODES["plugin-256-fast"]
+def gain(name, workload, over="plugin-256-stock-ops"):
+    return f"{SIDE_BY_SIDE[name]['workloads'][workload]['output_tok_s'] / SIDE_BY_SIDE[over]['workloads'][workload]['output_tok_s']:.2f}x"
+
+
+def test_the_readmes_modes_table_is_call6s_with_call2s_and_call5s_decode_steps():
+    """call6 ran the setups side by side; the decode steps are call2's profile (stock's config, before the
+    norms existed: stock's ops) and call5's."""
+    stock, defaults, fast = (SIDE_BY_SIDE[name] for name in ("plugin-256-stock-ops", "plugin-256-defaults", "plugin-256-fast"))
+    assert stock["env"] == {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_GEMMS": "0", "SGLANG_CHUNK_ALIGN_NORMS": "0"}
     assert defaults["env"] == {"SGLANG_PLUGINS": "chunk_align"}
     assert fast["env"] == {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_FAST_GEMMS": "1"}
-    assert identical_per_pass(defaults) == identical_per_pass(fast) == "36 of 36"
-    assert defaults["verify_ok"] and fast["verify_ok"]
+    assert identical_per_pass(stock) == identical_per_pass(defaults) == identical_per_pass(fast) == "36 of 36"
+    assert stock["verify_ok"] and defaults["verify_ok"] and fast["verify_ok"]
     assert fast["verify"]["recorded"].endswith("baseline-flashinfer-fast.json")
+    assert stock["verify"]["recorded"].endswith("baseline-flashinfer.json")
     assert defaults["verify"]["recorded"].endswith("baseline-flashinfer.json")
-    control = MODES["nondet-256-control"]
+    control = SIDE_BY_SIDE["nondet-256-control"]
     assert control["verify_ok"] is False and identical_per_pass(control) == "0 of 36"
-    rows = {"plugin-256-defaults": "| the plugin's defaults (stock's bits) |",
-            "plugin-256-fast": "| with `SGLANG_CHUNK_ALIGN_FAST_GEMMS=1` |"}
-    for name, label in rows.items():
-        rl, agents = (tok(MODES[name]["workloads"][w]["output_tok_s"]) for w in ("rl", "agent"))
-        row = (f"{label} {rl} / {agents} | {share(name, 'rl')} / {share(name, 'agent')} | "
-               f"{profiled_ms(name, profile=MODES_PROFILE)} ms |")
+    assert SERVING["plugin-256-defaults"]["env"] == {"SGLANG_PLUGINS": "chunk_align"}  # call2: before the configs
+    rows = {"plugin-256-stock-ops": ("| stock's GEMM config and RMSNorm (`GEMMS=0`, `NORMS=0`) |",
+                                     profiled_ms("plugin-256-defaults")),
+            "plugin-256-defaults": ("| the plugin's defaults (stock's bits) |",
+                                    profiled_ms("plugin-256-defaults", profile=MODES_PROFILE)),
+            "plugin-256-fast": ("| with `SGLANG_CHUNK_ALIGN_FAST_GEMMS=1` |",
+                                profiled_ms("plugin-256-fast", profile=MODES_PROFILE))}
+    for name, (label, step) in rows.items():
+        row = f"{label} {' / '.join(tok_s(SIDE_BY_SIDE[name]))} | {share(name, 'rl')} / {share(name, 'agent')} | {step} ms |"
         assert row in README, row
-    assert (f"| non-deterministic flashinfer | {' / '.join(tok_s(MODES['nondet-256']))} | | "
+    assert (f"| non-deterministic flashinfer | {' / '.join(tok_s(control))} | | "
             f"{profiled_ms('nondet-256', profile=MODES_PROFILE)} ms | its control: 0 identical |") in README
-    assert "NVIDIA H100" in json.loads((RECORDS / "call5/serving.json").read_text())["stack"]["gpu"]
+    assert (f"{gain('plugin-256-defaults', 'rl')} the rollouts and {gain('plugin-256-defaults', 'agent')} the agents "
+            "of stock's ops, every answer the same") in README
+    assert SIDE_BY_SIDE["plugin-256-fast"]["workloads"]["agent"]["output_tok_s"] > defaults["workloads"]["agent"]["output_tok_s"]
+    for call in ("call2", "call5", "call6"):
+        assert "NVIDIA H100" in json.loads((RECORDS / f"{call}/serving.json").read_text())["stack"]["gpu"], call
+
+
+def test_call6s_table_and_gains_are_the_records():
+    for name in SIDE_BY_SIDE:
+        rl, agents = (f"{SIDE_BY_SIDE[name]['workloads'][w]['output_tok_s']:,.1f}" for w in ("rl", "agent"))
+        assert f"| {rl} | {agents} |" in COMMANDS, name
+    assert (f"the defaults served {gain('plugin-256-defaults', 'rl')} the rollouts and "
+            f"{gain('plugin-256-defaults', 'agent')} the agents") in COMMANDS
+    assert f"fast mode {gain('plugin-256-fast', 'rl')} and {gain('plugin-256-fast', 'agent')}" in COMMANDS
+    shares = [f"{share(name, 'rl')} / {share(name, 'agent')}"
+              for name in ("plugin-256-stock-ops", "plugin-256-defaults", "plugin-256-fast")]
+    assert f"stock's ops {shares[0]}, the defaults {shares[1]}, fast mode {shares[2]}" in COMMANDS
+    compared = json.loads((RECORDS / "call6/serving.json").read_text())["outputs_compared"]["plugin-256-defaults"]
+    assert compared == {"against": "plugin-256-stock-ops", "agree": True, "rl": "128/128 requests identical",
+                        "agent": "64/64 requests identical"}
+
+
+def test_call6s_landed_norm_test_passed():
+    assert "20 passed" in (RECORDS / "call6/norm-bits.log").read_text()
+    log = (RECORDS / "call6/log").read_text()
+    assert "== norm-bits: exit 0" in log and "== serving: exit 0" in log
 
 
 def test_call5s_tables_are_the_records():
