@@ -84,6 +84,12 @@ def bucket(m):
     return next((top for top in BUCKETS if m <= top), None)
 
 
+def bucket_rows(top):
+    """The rows of the bucket whose largest M is `top`, as "low-top"."""
+    index = BUCKETS.index(top)
+    return f"{BUCKETS[index - 1] + 1 if index else 1}-{top}"
+
+
 def candidates(dtype, top):
     """Configs tried for a bucket: stock's BLOCK_K (it fixes each sum's order), tiles of about the
     bucket's rows, 3 or 4 stages, and 64 or 128 columns, or 32 up to 64 rows: at decode sizes a GEMM
@@ -98,11 +104,13 @@ def candidates(dtype, top):
 
 class Table:
     """What this process serves: configs {Shape: {bucket top: Config}} (a bucket left out keeps
-    stock's), and in fast mode splits {Shape: K's ranges} (split_k.py), at every M."""
+    stock's), and in fast mode splits {Shape: K's ranges} (split_k.py), at every M, and split_tiles
+    {Shape: {bucket top: Config}}, the buckets where a split shape runs one program per tile."""
 
-    def __init__(self, configs, splits=None):
+    def __init__(self, configs, splits=None, split_tiles=None):
         self.configs = configs
         self.splits = splits or {}
+        self.split_tiles = split_tiles or {}
         self._untuned = set()  # shapes seen without a config, each reported once
 
     @staticmethod
@@ -150,7 +158,8 @@ def per_m_config(wrapped, instance, args, kwargs):
     if splits:
         from . import split_k
 
-        return split_k.launch(a, b, out_dtype, bias, splits, STOCK[shape.dtype].block_k)
+        tile = _table.split_tiles.get(shape, {}).get(bucket(a.shape[0]))
+        return split_k.launch(a, b, out_dtype, bias, splits, STOCK[shape.dtype].block_k, config=tile)
     config = _table.config_for(a.shape[0], shape)
     if config is None:
         return wrapped(*args, **kwargs)
@@ -211,9 +220,7 @@ def tune(shape, weight, bias, time_config):
     import torch
     from triton.runtime.errors import OutOfResources
 
-    generator = torch.Generator(device=weight.device).manual_seed(0)
-    rows = torch.randn(BUCKETS[-1], shape.k, generator=generator, device=weight.device).to(weight.dtype)
-    b = weight.t()
+    rows, b = probe_inputs(shape, weight), weight.t()
     tuned, differing = {}, set()
     low = 1
     for top in BUCKETS:
@@ -235,6 +242,49 @@ def tune(shape, weight, bias, time_config):
             tuned[top] = best
         low = top + 1
     return tuned, sorted(differing)
+
+
+def probe_inputs(shape, weight):
+    """BUCKETS[-1] rows of `shape`'s K, the same on every run: what the tuners' probes and clocks take."""
+    import torch
+
+    generator = torch.Generator(device=weight.device).manual_seed(0)
+    return torch.randn(BUCKETS[-1], shape.k, generator=generator, device=weight.device).to(weight.dtype)
+
+
+def split_tiles(shape, weight, bias, splits, configs, time_split=None):
+    """Fast mode's {bucket top: Config} for a `shape` split into `splits` K ranges: per bucket, the
+    shape's per-M config (`configs` from tune(), stock's where it has none) run as one program per
+    tile that adds every range itself, where that gave the default launch's bits at the bucket's
+    probe_rows and was faster at its top. At prefill sizes a per-M tile fills the GPU on its own and
+    the default launch's fp32 partials cost more than the extra programs give (call5: a 256-token
+    chunk's GEMMs took 10.06 ms in fast mode, 8.73 with the per-M configs). The tile only picks
+    which outputs a program computes, so the bits should be the default launch's; the check makes
+    sure on this GPU. `time_split(config or None, a, b, bias)` -> seconds; None: this GPU's clock.
+    Also the configs that gave other bits (a finding: the startup line names them)."""
+    from triton.runtime.errors import OutOfResources
+
+    from . import split_k
+
+    rows, b, block_k = probe_inputs(shape, weight), weight.t(), STOCK[shape.dtype].block_k
+
+    def run(a, config=None):
+        return split_k.launch(a, b, a.dtype, bias, splits, block_k, config=config)
+
+    time_split = time_split or (lambda config, a, b, bias: gpu_seconds(lambda: run(a, config)))
+    tiles, differing, low = {}, set(), 1
+    for top in BUCKETS:
+        config = configs.get(top, STOCK[shape.dtype])
+        probes, low = [rows[:m] for m in probe_rows(low, top)], top + 1
+        try:
+            same = all(same_bits(run(a, config), run(a)) for a in probes)
+        except OutOfResources:  # needs more shared memory or registers than this GPU has
+            continue
+        if not same:
+            differing.add(config)
+        elif time_split(config, rows[:top], b, bias) < time_split(None, rows[:top], b, bias):
+            tiles[top] = config
+    return tiles, sorted(differing)
 
 
 def model_shapes(model):
@@ -299,10 +349,11 @@ def tune_at_startup(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def startup_table(model, previous, tune_shape=None):
+def startup_table(model, previous, tune_shape=None, tile_split=None):
     """The Table for `model`, keeping what the `previous` Table (or None) serves, and the startup
     lines; None where both switches keep stock's one config. `tune_shape(shape, weight, bias)` ->
-    tune()'s answer; None: tune() on this GPU's clock."""
+    tune()'s answer; None: tune() on this GPU's clock. `tile_split(shape, weight, bias, splits,
+    configs)` -> split_tiles()'s answer; None: split_tiles() on this GPU's clock."""
     from .compat import FAST_GEMMS_ENV, GEMMS_ENV, SWITCHES, env_flag
 
     per_m, fast = (env_flag(name, SWITCHES[name]) for name in (GEMMS_ENV, FAST_GEMMS_ENV))
@@ -314,13 +365,16 @@ def startup_table(model, previous, tune_shape=None):
     if not shapes:
         logger.info("sglang-chunk-align: no GEMM of this model reaches SGLang's Triton kernel%s: nothing to tune",
                     " (bf16 GEMMs run on DeepGEMM)" if _deepgemm_on() else "")
-        return Table(dict(known.configs), dict(known.splits))
+        return Table(dict(known.configs), dict(known.splits), dict(known.split_tiles))
     splits = split_shapes(shapes) if fast else {}
-    rest = {shape: tensors for shape, tensors in shapes.items() if shape not in splits}
     if not per_m:
         logger.info("sglang-chunk-align: the other batch-invariant GEMMs keep stock's one config (%s=0)", GEMMS_ENV)
-    configs = tuned_configs(rest, known.configs, tune_shape) if per_m and rest else {}
-    return Table({**known.configs, **configs}, {**known.splits, **splits})
+    # A split shape is tuned too: its per-M configs are the tiles split_tiles tries (stock's with the switch off).
+    configs = tuned_configs(shapes, known.configs, tune_shape, splits) if per_m else {}
+    tiles = tiled_splits({shape: shapes[shape] for shape in splits.keys() - known.split_tiles.keys()}, splits,
+                         configs, tile_split)
+    return Table({**known.configs, **{shape: c for shape, c in configs.items() if shape not in splits}},
+                 {**known.splits, **splits}, {**known.split_tiles, **tiles})
 
 
 def split_shapes(shapes):
@@ -339,9 +393,10 @@ def split_shapes(shapes):
     return splits
 
 
-def tuned_configs(shapes, known, tune_shape=None):
+def tuned_configs(shapes, known, tune_shape=None, splits=()):
     """{Shape: {bucket top: Config}} for `shapes` ({Shape: (weight, bias)}): the `known` ones, those in
-    this GPU's cache, the rest tuned (and cached); and the startup line."""
+    this GPU's cache, the rest tuned (and cached); and the startup line, where the shapes fast mode
+    `splits` are tiles to try, not stock's kernel."""
     import torch
 
     tune_shape = tune_shape or (lambda shape, weight, bias: tune(shape, weight, bias, gpu_clock))
@@ -362,20 +417,47 @@ def tuned_configs(shapes, known, tune_shape=None):
     fresh = configs.keys() - cached.keys()
     if fresh:
         write_cache(path, {**cached, **configs})
-    _log_startup(shapes, configs, len(fresh), time.monotonic() - started, path, notes)
+    _log_startup(len(shapes) - len(splits), configs, splits, len(fresh), time.monotonic() - started, path, notes)
     return configs
 
 
-def _log_startup(shapes, configs, fresh, seconds, path, notes):
-    faster = sorted(shape.key for shape, tuned in configs.items() if tuned)
+def _log_startup(unsplit, configs, splits, fresh, seconds, path, notes):
+    faster = sorted(shape.key for shape, tuned in configs.items() if tuned and shape not in splits)
     logger.info(
         "sglang-chunk-align: batch-invariant GEMMs run stock's kernel with a tile config per M for %d of %d "
-        "Triton GEMM shapes (%s), each checked for stock's bits on this GPU (%d tuned in %.1f s, "
+        "Triton GEMM shapes%s (%s), each checked for stock's bits on this GPU (%d tuned in %.1f s, "
         "%d read from %s); M above %d, the other shapes%s keep stock's config",
-        len(faster), len(shapes), ", ".join(faster) or "none faster", fresh, seconds, len(configs) - fresh, path,
+        len(faster), unsplit, f" not split by fast mode (its {len(splits)} split shapes' configs are tiles it tries)"
+        if splits else "", ", ".join(faster) or "none faster", fresh, seconds, len(configs) - fresh, path,
         BUCKETS[-1], " and bf16 GEMMs on DeepGEMM" if _deepgemm_on() else "")
     for note in notes:
         logger.warning("sglang-chunk-align: GEMM %s", note)
+
+
+def tiled_splits(shapes, splits, configs, tile_split=None):
+    """{Shape: {bucket top: Config}}: split_tiles() for each of `shapes` ({Shape: (weight, bias)}) that
+    fast mode `splits`, from its per-M `configs`; and the startup line."""
+    tile_split = tile_split or split_tiles
+    started, tiles, notes = time.monotonic(), {}, []
+    for shape, (weight, bias) in shapes.items():
+        try:
+            tiles[shape], differing = tile_split(shape, weight, bias, splits[shape], configs.get(shape, {}))
+        except Exception as error:  # the shape keeps fast mode's default launch, and the line says why
+            notes.append(f"{shape.key} keeps fast mode's default launch: checking its tiles failed "
+                         f"({type(error).__name__}: {error})")
+            continue
+        notes.extend(f"{shape.key}: {config} in one program per tile gave bits other than the split's, not used"
+                     for config in differing)
+    if shapes:
+        logger.info(
+            "sglang-chunk-align: fast GEMMs run one program per tile, the shape's per-M tile, in the M buckets where "
+            "that gave the split's bits on this GPU and was faster (%s; checked in %.1f s); elsewhere the ranges' "
+            "partials are added in order", "; ".join(
+                f"{shape.key}: " + (f"M {', '.join(map(bucket_rows, sorted(tops)))}" if tops else "none")
+                for shape, tops in sorted(tiles.items())) or "none", time.monotonic() - started)
+    for note in notes:
+        logger.warning("sglang-chunk-align: GEMM %s", note)
+    return tiles
 
 
 def gpu_seconds(call):

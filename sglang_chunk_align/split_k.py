@@ -10,6 +10,9 @@ range), so a server in fast mode must be checked against a reference that runs i
 
 Where M gives enough tiles on its own (prefill), one program adds its tile's ranges itself in the
 same order, with no partials in memory: the same arithmetic, so the same bits, as the tests check.
+Up to 256 rows a bucket may run so with the shape's per-M tile (gemms.split_tiles), where that gave
+the same bits on this GPU at startup and was faster: at a prefill chunk's M the partials cost more
+than the extra programs give.
 On call1's H100 (benchmarks/logs/gemms_h200/call1/probe_split_k.json) 4 or 8 splits brought
 Qwen2.5-7B's qkv, o and down to 1.03-1.35x cuBLAS at M 1-64, and wide GEMMs (gate_up, lm_head)
 gained nothing: splits_for gives them 1, so they keep the per-M configs and stock's bits.
@@ -92,14 +95,18 @@ def ordered_sum(p_ptr, bias_ptr, c_ptr, M, N, SPLITS: tl.constexpr, HAS_BIAS: tl
     tl.store(c_ptr + offs, total.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-def launch(a, b, out_dtype, bias, splits, block_k, in_program=None):
+def launch(a, b, out_dtype, bias, splits, block_k, in_program=None, config=None):
     """a @ b (+ bias) as `splits` fixed K ranges of `block_k` steps, in `out_dtype`. `in_program`:
     whether each program adds its tile's ranges itself (None: where M alone gives TILES_WANTED
-    tiles); the bits are the same either way."""
+    tiles); the bits are the same either way. `config` (a gemms.Config): its tile, warps and stages,
+    each program adding its tile's ranges itself (gemms.split_tiles checks the bits on this GPU)."""
     import torch
 
     (m, k), n = a.shape, b.shape[1]
-    block_m, block_n, warps = tile_for(m)
+    if config is None:
+        (block_m, block_n, warps), stages = tile_for(m), 3
+    else:
+        block_m, block_n, warps, stages, in_program = config.block_m, config.block_n, config.warps, config.stages, True
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     if in_program is None:
         in_program = splits == 1 or tiles >= TILES_WANTED
@@ -110,7 +117,7 @@ def launch(a, b, out_dtype, bias, splits, block_k, in_program=None):
     split_k_kernel[(tiles, groups)](a, b, target, bias, m, n, k, k_per_split, a.stride(0), a.stride(1), b.stride(0),
                                     b.stride(1), SPLITS_PER_PROGRAM=splits // groups, FINAL=in_program,
                                     HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                                    num_warps=warps, num_stages=3)
+                                    num_warps=warps, num_stages=stages)
     if not in_program:
         ordered_sum[(triton.cdiv(m * n, SUM_BLOCK),)](target, bias, c, m, n, SPLITS=splits,
                                                       HAS_BIAS=bias is not None, BLOCK=SUM_BLOCK)

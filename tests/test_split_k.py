@@ -40,6 +40,8 @@ for dtype in (torch.float16, torch.float32):
                 split_k.launch(a[i:i + 1], weight.t(), dtype, bias, splits, block_k), largest[i:i + 1])],
             "in_program_differs": [m for m in rows if not gemms.same_bits(
                 run(m, splits, in_program=True), run(m, splits, in_program=False))],
+            "tile_differs": [m for m in rows if not gemms.same_bits(
+                run(m, splits, config=gemms.Config(32, 32, block_k, 4, 4)), run(m, splits, in_program=False))],
         }
     # The control: a split chosen by M, as a split-K that is not batch-invariant chooses it.
     by_m = {m: run(m, 1 if m <= 16 else 4) for m in rows}
@@ -52,14 +54,29 @@ weights = {shape: (torch.randn(shape.n, shape.k) * 0.02).half() for shape in (sp
 split_bias = torch.randn(96).half()
 launched = []
 launch = split_k.launch
-def recording(a, b, out_dtype, bias, splits, block_k, **how):
-    launched.append(("split", a.shape[0], splits))
-    return launch(a, b, out_dtype, bias, splits, block_k, **how)
+def recording(a, b, out_dtype, bias, splits, block_k, config=None, **how):
+    launched.append(("split", a.shape[0], splits, config and list(config)))
+    return launch(a, b, out_dtype, bias, splits, block_k, config=config, **how)
 split_k.launch = recording
+
+# split_tiles: a stand-in clock where one program per tile is faster from 32 rows of tile up, and a
+# stand-in GPU where a tile of 5 stages changes the bits (it must be refused, and named).
+def perturbed(a, b, out_dtype, bias, splits, block_k, config=None, **how):
+    out = recording(a, b, out_dtype, bias, splits, block_k, config=config, **how)
+    return out + 1 if config is not None and config.stages == 5 else out
+split_k.launch = perturbed
+tiles, differing = gemms.split_tiles(
+    split_shape, weights[split_shape], split_bias, 2,
+    {16: gemms.Config(16, 32, 64, 3, 4), 32: gemms.Config(32, 32, 64, 5, 4), 64: gemms.Config(64, 32, 64, 3, 4)},
+    lambda config, a, b, bias: 1.0 if config is None else 2.0 if config.block_m < 32 else 0.5)
+report["split_tiles"] = {"tiles": {top: list(c) for top, c in tiles.items()}, "differing": [list(c) for c in differing]}
+split_k.launch = recording
+
 patches.apply(patch_table)
-gemms.activate(gemms.Table({tuned_shape: {16: gemms.Config(16, 64, 64, 3, 4)}}, {split_shape: 2}))
+gemms.activate(gemms.Table({tuned_shape: {16: gemms.Config(16, 64, 64, 3, 4)}}, {split_shape: 2},
+                           {split_shape: {16: gemms.Config(32, 32, 64, 4, 4)}}))
 served = {}
-for m in (1, 5, 300):
+for m in (1, 5, 17, 300):
     a = torch.randn(m, 1024).half()
     del launched[:]
     out = kernels.matmul_persistent(a, weights[split_shape].t(), bias=split_bias)
@@ -91,6 +108,7 @@ def test_each_split_is_batch_invariant_whichever_program_adds_the_ranges(interpr
         assert found[splits]["rows_differ_from_largest_m"] == []
         assert found[splits]["rows_differ_from_alone"] == []
         assert found[splits]["in_program_differs"] == []
+        assert found[splits]["tile_differs"] == []
 
 
 def test_a_split_gives_other_bits_than_stock_and_a_split_by_m_is_caught(interpreted):
@@ -100,12 +118,22 @@ def test_a_split_gives_other_bits_than_stock_and_a_split_by_m_is_caught(interpre
     assert found["control_rows_differ_from_largest_m"]
 
 
-def test_a_split_shape_runs_its_split_at_every_m_and_stock_after_remove(interpreted):
+def test_a_split_shape_runs_its_split_at_every_m_its_tile_in_its_bucket_and_stock_after_remove(interpreted):
     dispatch = interpreted["dispatch"]
     for m, served in dispatch["served"].items():
-        assert served["launched"] == [["split", int(m), 2]] and served["split_bits"], m
+        tile = [32, 32, 64, 4, 4] if int(m) <= 16 else None  # the table's one tiled bucket
+        assert served["launched"] == [["split", int(m), 2, tile]] and served["split_bits"], m
         assert served["other_shape_launched"] == [], m  # a per-M config, or stock's above 256 rows
     assert dispatch["after_remove_launched"] == [] and dispatch["after_remove_stock_bits"]
+
+
+def test_split_tiles_keep_a_faster_tile_of_the_split_bits_and_refuse_one_of_other_bits(interpreted):
+    """Bucket 16's tile is slower than the default launch on the stand-in clock, 32's changes the bits on
+    the stand-in GPU, 64's is kept, and 128 and 256 try stock's config (no per-M config given), kept too."""
+    found = interpreted["split_tiles"]
+    stock = list(gemms.STOCK["float16"])
+    assert found == {"tiles": {"64": [64, 32, 64, 3, 4], "128": stock, "256": stock},
+                     "differing": [[32, 32, 64, 5, 4]]}
 
 
 def test_the_split_depends_on_the_shape_alone():
@@ -128,22 +156,60 @@ def test_fast_mode_splits_some_shapes_tunes_the_rest_and_says_so(monkeypatch, tm
     model = torch.nn.Sequential(ReplicatedLinear(4096, 512, bias=True, params_dtype=torch.float16),
                                 ReplicatedLinear(512, 16384, bias=False, params_dtype=torch.float16))
     split, wide = gemms.Shape("float16", 512, 4096, True), gemms.Shape("float16", 16384, 512, False)
-    tuned = {16: gemms.Config(16, 64, 64, 3, 4)}
+    tuned = {16: gemms.Config(16, 64, 64, 3, 4), 256: gemms.Config(64, 64, 64, 3, 4)}
+    tried = []
+
+    def tile_split(shape, weight, bias, splits, configs):
+        tried.append((shape, splits, configs))
+        return {256: configs[256]}, [configs[16]]
+
     with caplog.at_level(logging.INFO, logger="sglang_chunk_align"):
-        table = gemms.startup_table(model, None, tune_shape=lambda shape, weight, bias: (tuned, []))
+        table = gemms.startup_table(model, None, tune_shape=lambda shape, weight, bias: (tuned, []),
+                                    tile_split=tile_split)
+    # The split shape's per-M configs are the tiles tried, not configs of stock's kernel.
     assert table.splits == {split: 8} and table.configs == {wide: tuned}
+    assert tried == [(split, 8, tuned)] and table.split_tiles == {split: {256: tuned[256]}}
     assert (f"fast GEMMs ({FAST_GEMMS_ENV}=1) sum K as fixed ranges per shape, the same at every M, for 1 of the "
             "model's 2 Triton GEMM shapes (float16 512x4096 +bias: 8): batch-invariant, but not stock's bits" in caplog.text)
-    # A second runner (a draft model's) keeps the first one's splits and configs.
+    assert ("tile config per M for 1 of 1 Triton GEMM shapes not split by fast mode (its 1 split shapes' configs "
+            "are tiles it tries) (float16 16384x512)" in caplog.text)
+    assert ("fast GEMMs run one program per tile, the shape's per-M tile, in the M buckets where that gave the "
+            "split's bits on this GPU and was faster (float16 512x4096 +bias: M 129-256;" in caplog.text)
+    assert (f"float16 512x4096 +bias: {tuned[16]} in one program per tile gave bits other than the split's, not used"
+            in caplog.text)
+    # A second runner (a draft model's) keeps the first one's splits, configs and tiles, checking none again.
     again = gemms.startup_table(torch.nn.Sequential(torch.nn.Linear(8, 8)), table)
-    assert again.splits == table.splits and again.configs == table.configs
-    # With the per-M configs off, the shapes not split keep stock's one config, and the line says so.
+    assert (again.splits, again.configs, again.split_tiles) == (table.splits, table.configs, table.split_tiles)
+    # With the per-M configs off, nothing is tuned: the split shape tries stock's config, the others keep it.
     monkeypatch.setenv(GEMMS_ENV, "0")
     caplog.clear()
+    del tried[:]
     with caplog.at_level(logging.INFO, logger="sglang_chunk_align"):
-        table = gemms.startup_table(model, None, tune_shape=lambda *shape: pytest.fail("tuned with the configs off"))
-    assert table.splits == {split: 8} and table.configs == {}
+        table = gemms.startup_table(model, None, tune_shape=lambda *shape: pytest.fail("tuned with the configs off"),
+                                    tile_split=lambda *args: tried.append(args[3:]) or ({}, []))
+    assert table.splits == {split: 8} and table.configs == {} and tried == [(8, {})]
+    assert table.split_tiles == {split: {}}
     assert f"the other batch-invariant GEMMs keep stock's one config ({GEMMS_ENV}=0)" in caplog.text
+    assert "(float16 512x4096 +bias: none;" in caplog.text
+
+
+def test_a_split_shape_whose_tiles_cannot_be_checked_keeps_the_default_launch_and_says_why(monkeypatch, caplog):
+    import torch
+
+    from sglang.srt.layers.linear import ReplicatedLinear
+
+    monkeypatch.setenv(FAST_GEMMS_ENV, "1")
+    monkeypatch.setenv(GEMMS_ENV, "0")
+
+    def failing(*args):
+        raise RuntimeError("out of shared memory")
+
+    model = torch.nn.Sequential(ReplicatedLinear(4096, 512, bias=True, params_dtype=torch.float16))
+    with caplog.at_level(logging.INFO, logger="sglang_chunk_align"):
+        table = gemms.startup_table(model, None, tile_split=failing)
+    assert table.splits == {gemms.Shape("float16", 512, 4096, True): 8} and table.split_tiles == {}
+    assert ("GEMM float16 512x4096 +bias keeps fast mode's default launch: checking its tiles failed "
+            "(RuntimeError: out of shared memory)" in caplog.text)
 
 
 def test_a_scheduler_reports_split_sums_only_where_fast_mode_splits_a_gemm():

@@ -7,7 +7,7 @@ on every shape: on an H100 (gemms_h200/call1) it gave stock's bits at every M on
 Half of stock's BLOCK_K is no control on Hopper: on call2's H100 it gave stock's bits on all four
 shapes (the MMA adds each 16-wide slice of K in order, whatever BLOCK_K is). The tuner itself, run on
 the GPU, must admit a config of stock's bits for every bucket it reports. Fast mode (split_k.py) must be
-batch-invariant, its control a split chosen by M.
+batch-invariant, its control a split chosen by M, and give the same rows in every tile it may use.
 
 Needs a CUDA GPU and SGLang 0.5.20 or newer; without them the module is skipped with the reason.
 The full sweep over the supported model families, with timings, is benchmarks/gemm_configs.py.
@@ -110,6 +110,21 @@ def test_fast_mode_is_batch_invariant_and_a_split_chosen_by_m_is_not(gemm):
     assert not gemms.same_bits(full, stock[largest]), "fast mode gave stock's bits: not a split"
     by_m = [m for m in ROWS if not gemms.same_bits(run(a[:m], 1 if m <= 16 else splits), full[:m])]
     assert by_m, "a split chosen by M gave the fixed split's rows at every M: this check could not see a difference"
+
+
+def test_fast_mode_in_every_tile_it_may_use_gives_the_split_bits(gemm):
+    """At M up to 256, fast mode may run a split shape as one program per tile, the tile one of the
+    tuner's candidates or stock's config (gemms.split_tiles, which checks it at its probe rows at
+    startup): each, at every such M of ROWS, must give the default launch's rows."""
+    from sglang_chunk_align import split_k
+
+    shape, a, weight, bias, stock = gemm
+    splits, block_k = split_k.splits_for(shape.n, shape.k), gemms.STOCK[shape.dtype].block_k
+    full = split_k.launch(a, weight.t(), a.dtype, bias, splits, block_k)
+    tiles = sorted({c for top in gemms.BUCKETS for c in gemms.candidates(shape.dtype, top)} | {gemms.STOCK[shape.dtype]})
+    differing = [(tile, m) for tile in tiles for m in ROWS if m <= gemms.BUCKETS[-1] and not gemms.same_bits(
+        split_k.launch(a[:m], weight.t(), a.dtype, bias, splits, block_k, config=tile), full[:m])]
+    assert not differing
 
 
 def test_the_tuner_admits_only_stock_bits_on_this_gpu(gemm):
