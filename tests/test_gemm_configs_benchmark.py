@@ -61,12 +61,15 @@ def _split_k_shape(fault=None):
     check = {splits: {"rows_differ_from_largest_m": [], "rows_differ_from_alone": [],
                       "differs_from_stock_at": [] if splits == 1 else [1]} for splits in probe_split_k.SPLITS}
     check["control_rows_differ_from_largest_m"] = [3]
+    fast_mode = {"splits": 4, "tiles": {"256": [128, 128, 64, 4, 8]}, "tiles_of_other_bits": []}
     for key, value in (fault or {}).items():
         if isinstance(key, tuple):
             check[key[0]][key[1]] = value
+        elif key in fast_mode:
+            fast_mode[key] = value
         else:
             check[key] = value
-    return {"check": check}
+    return {"check": check, "fast_mode": fast_mode}
 
 
 @pytest.mark.parametrize("fault, holds", [
@@ -75,6 +78,7 @@ def _split_k_shape(fault=None):
     ({(2, "rows_differ_from_alone"): [17]}, False),
     ({(1, "differs_from_stock_at"): [1]}, False),  # one split must be stock's own sum
     ({"control_rows_differ_from_largest_m": []}, False),  # the split chosen by M went unseen
+    ({"tiles_of_other_bits": [[64, 64, 64, 3, 4]]}, False),  # split_tiles refused a tile: not the split's bits
 ])
 def test_the_split_k_probe_holds_only_batch_invariant_with_its_controls_seen(fault, holds):
     verdict = probe_split_k.verdict([_split_k_shape(fault)])

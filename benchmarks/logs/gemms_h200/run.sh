@@ -14,7 +14,8 @@
 #   micro    benchmarks/gemm_configs.py: every GEMM of six model families, 27 configs each against stock's
 #            bits at M up to 16,384, the plugin's tuner, and stock/tuned/cuBLAS times at M up to 256;
 #   splitk   benchmarks/probe_split_k.py: fast mode's kernel (split_k.py) at 1, 2, 4 and 8 splits on
-#            Qwen2.5-7B's GEMMs, batch invariance, bits, time against the tuned configs and cuBLAS;
+#            Qwen2.5-7B's GEMMs (SPLITK_LAYERS: some of them), batch invariance, bits, time against the
+#            tuned configs and cuBLAS, and fast mode as a server runs it with the tiles split_tiles keeps;
 #   profile  benchmarks/profile_determinism.py on Qwen2.5-7B's random checkpoint: one decode step of 64
 #            requests with 2k tokens of context, the plugin's defaults (GEMM configs per M, on by default
 #            since call2) and with fast GEMMs, beside non-deterministic flashinfer, one server at a time;
@@ -24,7 +25,7 @@
 # call1-call4 ran the plan as it was before fast mode (COMMANDS.md gives each call's command).
 #
 #   usage: OUT=DIR [PY=python3] [STEPS="bits norms micro splitk profile serving"] [MICRO_MODELS="qwen2.5-7b ..."]
-#          [BITS_K=EXPRESSION] [SERVING_SETUPS=a,b,...] [BITS_LIMIT=420 NORMS_LIMIT=240 MICRO_LIMIT=900 SPLITK_LIMIT=300 PROFILE_LIMIT=480 SERVING_LIMIT=840]
+#          [BITS_K=EXPRESSION] [SERVING_SETUPS=a,b,...] [PROFILE_SETUPS=a,b,...] [SPLITK_LAYERS="qkv o down"] [BITS_LIMIT=420 NORMS_LIMIT=240 MICRO_LIMIT=900 SPLITK_LIMIT=300 PROFILE_LIMIT=480 SERVING_LIMIT=840]
 #          (seconds)
 #          bash benchmarks/logs/gemms_h200/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). Planned
@@ -32,7 +33,9 @@
 # bits about 2 min (call4), micro about 5 min, splitk about 2 min (call1), profile about 5.5 min (three servers in
 # turn, call2), serving about 11.5 min (three setups and two references, call2) plus about 2 for the control.
 # A cold machine's start cost about 30 s in call2, 450 s on 2026-12-05 (exactness_h200/COMMANDS.md, call3). Fast
-# mode's and the norms' session: STEPS="bits norms serving profile" BITS_K=fast (about 21 min).
+# mode's and the norms' session: STEPS="bits norms serving profile" BITS_K=fast (about 21 min). Fast mode's
+# tiles (gemms.split_tiles), planned as call7 (COMMANDS.md): STEPS="splitk bits" SPLITK_LAYERS="qkv o down"
+# BITS_K=fast (about 4 min), then SERVING_SETUPS=plugin-256-defaults,plugin-256-fast (about 6.5 min).
 set -u
 out=${OUT:?OUT: where the results go}
 py=${PY:-python3}
@@ -48,9 +51,10 @@ for s in $steps; do
     norms) step norm-bits ${NORMS_LIMIT:-240} $py -m pytest -q -n 0 -rs -s tests/gpu/test_norm_bits.py;;
     micro) step gemm-configs ${MICRO_LIMIT:-900} $py -m benchmarks.gemm_configs ${MICRO_MODELS:+--models $MICRO_MODELS} \
              --json "$out/gemm_configs.json";;
-    splitk) step probe-split-k ${SPLITK_LIMIT:-300} $py -m benchmarks.probe_split_k --json "$out/probe_split_k.json";;
+    splitk) step probe-split-k ${SPLITK_LIMIT:-300} $py -m benchmarks.probe_split_k ${SPLITK_LAYERS:+--layers $SPLITK_LAYERS} \
+              --json "$out/probe_split_k.json";;
     profile) stand_in; step profile ${PROFILE_LIMIT:-480} $py benchmarks/profile_determinism.py --model-path $qwen $weights \
-               --setups plugin-256-defaults,plugin-256-fast,nondet-256 --out "$out/profile.json" \
+               --setups ${PROFILE_SETUPS:-plugin-256-defaults,plugin-256-fast,nondet-256} --out "$out/profile.json" \
                --logs "$out/profile-logs";;
     serving) stand_in; step serving ${SERVING_LIMIT:-840} $py benchmarks/serving.py --model-path $qwen $weights \
                --setups ${SERVING_SETUPS:-plugin-256-defaults,plugin-256-fast,nondet-256,nondet-256-control} \
