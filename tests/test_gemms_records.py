@@ -96,6 +96,20 @@ def test_call6s_table_and_gains_are_the_records():
                         "agent": "64/64 requests identical"}
 
 
+def test_docs_gemms_gives_call6s_figures():
+    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
+    rl, agents = ([tok(SIDE_BY_SIDE[name]["workloads"][w]["output_tok_s"])
+                   for name in ("plugin-256-stock-ops", "plugin-256-defaults", "plugin-256-fast")] for w in ("rl", "agent"))
+    ceiling = tok_s(SIDE_BY_SIDE["nondet-256-control"])
+    assert (f"rollouts {rl[0]}, {rl[1]} and {rl[2]} tok/s, agents {agents[0]}, {agents[1]} and {agents[2]} "
+            f"(non-deterministic {ceiling[0]} and {ceiling[1]}): the defaults {gain('plugin-256-defaults', 'rl')} and "
+            f"{gain('plugin-256-defaults', 'agent')} stock's ops with every answer the same, fast mode "
+            f"{gain('plugin-256-fast', 'rl')} and {gain('plugin-256-fast', 'agent')}") in docs
+    over = "plugin-256-defaults"
+    assert (f"it served {gain('plugin-256-fast', 'rl', over)} their rollouts and "
+            f"{gain('plugin-256-fast', 'agent', over)} their agents") in docs
+
+
 def test_call6s_landed_norm_test_passed():
     assert "20 passed" in (RECORDS / "call6/norm-bits.log").read_text()
     log = (RECORDS / "call6/log").read_text()
