@@ -451,8 +451,8 @@ def tiled_splits(shapes, splits, configs, tile_split=None):
     if shapes:
         logger.info(
             "sglang-chunk-align: fast GEMMs run one program per tile, the shape's per-M tile, in the M buckets where "
-            "that gave the split's bits on this GPU and was faster (%s; checked in %.1f s); elsewhere the ranges' "
-            "partials are added in order", "; ".join(
+            "that gave the split's bits on this GPU and was faster (%s; checked in %.1f s); elsewhere split_k's "
+            "default launch", "; ".join(
                 f"{shape.key}: " + (f"M {', '.join(map(bucket_rows, sorted(tops)))}" if tops else "none")
                 for shape, tops in sorted(tiles.items())) or "none", time.monotonic() - started)
     for note in notes:
