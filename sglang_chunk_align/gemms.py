@@ -217,31 +217,40 @@ def tune(shape, weight, bias, time_config):
     fastest candidate that gives stock's bits at the bucket's probe_rows, where it beats
     stock's config; `time_config(config, a, b, bias)` -> seconds. Also the candidates that gave
     other bits, sorted (a finding: the startup line names them)."""
-    import torch
-    from triton.runtime.errors import OutOfResources
-
     rows, b = probe_inputs(shape, weight), weight.t()
     tuned, differing = {}, set()
-    low = 1
-    for top in BUCKETS:
-        probes = [rows[:m] for m in probe_rows(low, top)]
+    for top, probes in bucket_probes(rows):
         references = [stock(a, b, a.dtype, bias) for a in probes]
         best, best_time = None, time_config(STOCK[shape.dtype], rows[:top], b, bias)
         for config in candidates(shape.dtype, top):
-            try:
-                outputs = [launch(a, b, a.dtype, bias, config) for a in probes]
-            except OutOfResources:  # needs more shared memory or registers than this GPU has
-                continue
-            if not all(map(same_bits, outputs, references)):
+            same = gives_bits(lambda a: launch(a, b, a.dtype, bias, config), probes, references)
+            if same is False:
                 differing.add(config)
-                continue
-            seconds = time_config(config, rows[:top], b, bias)
-            if seconds < best_time:
+            elif same and (seconds := time_config(config, rows[:top], b, bias)) < best_time:
                 best, best_time = config, seconds
         if best is not None:
             tuned[top] = best
-        low = top + 1
     return tuned, sorted(differing)
+
+
+def bucket_probes(rows):
+    """(bucket top, `rows` cut at each of its probe_rows) for every bucket: what a tuner checks."""
+    low = 1
+    for top in BUCKETS:
+        yield top, [rows[:m] for m in probe_rows(low, top)]
+        low = top + 1
+
+
+def gives_bits(run, probes, references):
+    """Whether run(a) gives the bits of `references` at every one of `probes`; None where `run`'s config
+    needs more shared memory or registers than this GPU has."""
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        outputs = [run(a) for a in probes]
+    except OutOfResources:
+        return None
+    return all(map(same_bits, outputs, references))
 
 
 def probe_inputs(shape, weight):
@@ -262,8 +271,6 @@ def split_tiles(shape, weight, bias, splits, configs, time_split=None):
     which outputs a program computes, so the bits should be the default launch's; the check makes
     sure on this GPU. `time_split(config or None, a, b, bias)` -> seconds; None: this GPU's clock.
     Also the configs that gave other bits (a finding: the startup line names them)."""
-    from triton.runtime.errors import OutOfResources
-
     from . import split_k
 
     rows, b, block_k = probe_inputs(shape, weight), weight.t(), STOCK[shape.dtype].block_k
@@ -272,17 +279,13 @@ def split_tiles(shape, weight, bias, splits, configs, time_split=None):
         return split_k.launch(a, b, a.dtype, bias, splits, block_k, config=config)
 
     time_split = time_split or (lambda config, a, b, bias: gpu_seconds(lambda: run(a, config)))
-    tiles, differing, low = {}, set(), 1
-    for top in BUCKETS:
+    tiles, differing = {}, set()
+    for top, probes in bucket_probes(rows):
         config = configs.get(top, STOCK[shape.dtype])
-        probes, low = [rows[:m] for m in probe_rows(low, top)], top + 1
-        try:
-            same = all(same_bits(run(a, config), run(a)) for a in probes)
-        except OutOfResources:  # needs more shared memory or registers than this GPU has
-            continue
-        if not same:
+        same = gives_bits(lambda a: run(a, config), probes, [run(a) for a in probes])
+        if same is False:
             differing.add(config)
-        elif time_split(config, rows[:top], b, bias) < time_split(None, rows[:top], b, bias):
+        elif same and time_split(config, rows[:top], b, bias) < time_split(None, rows[:top], b, bias):
             tiles[top] = config
     return tiles, sorted(differing)
 
