@@ -582,10 +582,20 @@ WORKLOADS = {"rl": rl, "agent": agent, "interactive": interactive, "streamed": s
 
 
 def warm_up(server, run):
-    """Every shape once, unmeasured: a rollout group, a second agent turn, a long prompt."""
+    """Every shape and sampling mode the workloads use once, unmeasured: a rollout group, sampled as
+    rl samples (one sample alone, then four at once), a second agent turn, a long prompt.
+
+    SGLang's seeded sampler (multinomial_with_seed) is torch.compile'd: it compiles at its first
+    sampled batch, and again at its first batch of several rows (torch specializes a batch of one).
+    A greedy warm-up left that to the first timed rollouts on a fresh machine: call7's defaults, timed
+    first, stalled 4 s and 3 s there (time to first token 8.08 s; 2.05 s when call6 timed them
+    second), so the setup each earlier run timed first lost rollout throughput (docs/serving.md)."""
     rng, vocab = random.Random("warm-up"), run.config["vocab_size"]
     prompt = random_ids(rng, vocab, 2000)
-    run_requests(server, [(0.0, prompt, 32)] * 4 + [(0.0, random_ids(rng, vocab, 16384), 8)])
+    sampled = [{"temperature": 1.0, "sampling_seed": seed} for seed in range(4)]
+    stream(server.url, prompt, 8, **sampled[0])
+    run_requests(server, [(0.0, prompt, 32, params) for params in sampled]
+                 + [(0.0, random_ids(rng, vocab, 16384), 8)])
     first = stream(server.url, prompt, 16)
     stream(server.url, prompt + first["output_ids"] + random_ids(rng, vocab, 1000), 16)
 

@@ -306,9 +306,9 @@ def test_a_repeated_setup_runs_every_round_cold_after_a_flush(stand_in, tmp_path
     assert entry["repeats"][1]["rl"]["prompt_tokens"] == entry["workloads"]["rl"]["prompt_tokens"]
     paths = [path for path, _ in Streaming.seen]
     rounds = len(paths) - paths.count("/flush_cache")
-    per_round = paths.index("/flush_cache") - 5 - 2  # after the warm-up's five requests and two turns
-    assert paths.count("/flush_cache") == 2 and rounds == 7 + 3 * per_round
-    assert [i for i, p in enumerate(paths) if p == "/flush_cache"] == [7 + per_round, 8 + 2 * per_round]
+    per_round = paths.index("/flush_cache") - 6 - 2  # after the warm-up's six requests and two turns
+    assert paths.count("/flush_cache") == 2 and rounds == 8 + 3 * per_round
+    assert [i for i, p in enumerate(paths) if p == "/flush_cache"] == [8 + per_round, 9 + 2 * per_round]
     assert "repeats" not in serving_run(tmp_path)._time("stock-4096", stand_in)
 
 
@@ -533,3 +533,19 @@ def test_weights_that_cannot_be_written_are_a_usage_error(tmp_path, capsys):
         serving.main(["--model-path", str(tmp_path), "--weights", "random", "--checkpoints", str(tmp_path / "w"),
                       "--out", str(tmp_path / "s.json")])
     assert exit.value.code == 2 and f"error: {tmp_path} holds no config.json" in capsys.readouterr().err
+
+
+def test_the_warm_up_samples_as_the_timed_workloads_do_alone_and_several_at_once(stand_in):
+    """Every sampling mode the timed workloads send is warmed first, at a batch of one and of several:
+    SGLang compiles its seeded sampler at its first use of each (serving.warm_up says what a greedy
+    warm-up cost the first setup timed)."""
+    serving.warm_up(stand_in, small_run())
+    warmed = [p for path, p in Streaming.seen if path == "/generate"]
+    Streaming.seen = []
+    serving.rl(stand_in, small_run(), seed=0)
+    serving.agent(stand_in, small_run(), seed=0)
+    timed = {p.get("temperature", 0) for path, p in Streaming.seen if path == "/generate"}
+    sampled = [p for p in warmed if p.get("temperature")]
+    assert timed <= {p.get("temperature", 0) for p in warmed}
+    assert warmed[0].get("temperature") and "sampling_seed" in warmed[0]  # alone, before any other request
+    assert len({p["sampling_seed"] for p in sampled}) >= 2  # and several samples of one prompt at once
