@@ -74,8 +74,8 @@ def test_the_readmes_modes_table_is_call6s_with_call2s_and_call5s_decode_steps()
         assert row in README, row
     assert (f"| non-deterministic flashinfer | {' / '.join(tok_s(control))} | | "
             f"{profiled_ms('nondet-256', profile=MODES_PROFILE)} ms | its control: 0 identical |") in README
-    assert (f"{gain('plugin-256-defaults', 'rl')} the rollouts and {gain('plugin-256-defaults', 'agent')} the agents "
-            "of stock's ops, every answer the same") in README
+    assert (f"{gain('plugin-256-defaults', 'agent')} the agents of stock's ops "
+            f"({gain('plugin-256-defaults', 'rl')} the rollouts, high: above), every answer the same") in README
     assert SIDE_BY_SIDE["plugin-256-fast"]["workloads"]["agent"]["output_tok_s"] > defaults["workloads"]["agent"]["output_tok_s"]
     for call in ("call2", "call5", "call6"):
         assert "NVIDIA H100" in json.loads((RECORDS / f"{call}/serving.json").read_text())["stack"]["gpu"], call
@@ -190,3 +190,25 @@ def test_call4s_bits_test_passed_whole_on_an_h100():
     assert "14 passed" in log and "failed" not in log and log.rstrip().endswith("exit 0")
     assert "H100" in (RECORDS / "call4/gpu.txt").read_text()
     assert "**14 passed**" in COMMANDS
+
+
+def test_docs_gemms_gives_call7s_tiles_from_its_record():
+    """call7: the tiles a fast server kept (its startup line, in the record's server log), its verify, and its
+    rollouts beside call6's fast server without tiles."""
+    import tarfile
+
+    with tarfile.open(RECORDS / "call7/logs.tgz") as logs:
+        fast_log = logs.extractfile("g7/serving-logs/plugin-256-fast.log").read().decode()
+    tiles_line = next(line for line in fast_log.splitlines() if "fast GEMMs run one program per tile" in line)
+    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
+    assert tiles_line.partition("] ")[2] in docs
+    tiled = {entry["setup"]: entry for entry in json.loads((RECORDS / "call7/serving.json").read_text())["setups"]}
+    fast = tiled["plugin-256-fast"]
+    assert fast["env"] == {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_FAST_GEMMS": "1"}
+    assert fast["verify_ok"] and identical_per_pass(fast) == "36 of 36"
+    assert fast["verify"]["recorded"].endswith("baseline-flashinfer-fast.json")
+    rollouts = [SIDE_BY_SIDE["plugin-256-fast"]["workloads"]["rl"], fast["workloads"]["rl"]]
+    assert (f"rollouts {tok(rollouts[1]['output_tok_s'])} tok/s, first token after {rollouts[1]['ttft_p50_s']:.2f} s, "
+            f"where call6's fast server without tiles got {tok(rollouts[0]['output_tok_s'])} and the same "
+            f"{rollouts[0]['ttft_p50_s']:.2f} s") in docs
+    assert "3 passed" in (RECORDS / "call7/gemm-bits.log").read_text()

@@ -34,8 +34,8 @@
 # turn, call2), serving about 11.5 min (three setups and two references, call2) plus about 2 for the control.
 # A cold machine's start cost about 30 s in call2, 450 s on 2026-12-05 (exactness_h200/COMMANDS.md, call3). Fast
 # mode's and the norms' session: STEPS="bits norms serving profile" BITS_K=fast (about 21 min). Fast mode's
-# tiles (gemms.split_tiles), planned as call7 (COMMANDS.md): STEPS="splitk bits" SPLITK_LAYERS="qkv o down"
-# BITS_K=fast (about 4 min), then SERVING_SETUPS=plugin-256-defaults,plugin-256-fast (about 6.5 min).
+# tiles (gemms.split_tiles) outgrew call7's limits (COMMANDS.md): splitk on qkv, o and down over 120 s, bits
+# -k fast over 130 s (compiling every tile), serving two setups, two references and the control over 700 s.
 set -u
 out=${OUT:?OUT: where the results go}
 py=${PY:-python3}
