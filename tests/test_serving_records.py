@@ -236,3 +236,21 @@ def test_the_sentences_on_determinisms_cost_are_the_records():
             f"each) against cuBLAS's {nondet['gemm']:.1f} ms of {nondet['total']:.1f} ms, while attention took the "
             f"same ({det['attention']:.1f} against {nondet['attention']:.1f} ms)") in text
     assert f"a decode step {det['total']:.1f} ms of GPU time against triton's {decode['triton-256']['total']:.1f}" in text
+
+
+def test_the_readme_says_which_setup_each_cited_run_timed_first():
+    """Each run's first timed setup met SGLang's seeded sampler uncompiled in its rollouts (serving.warm_up
+    says why): the README names it for every run its tables cite, with call7's defaults timed first beside
+    call6's timed second."""
+    said = " ".join(TOP_README.split())
+    first = {run: json.loads((LOGS / run / "serving.json").read_text())["setups"][0]["setup"]
+             for run in ("serving_h200_qwen2.5-7b", "serving_h200_granite", "gemms_h200/call6", "gemms_h200/call7")}
+    assert first == {"serving_h200_qwen2.5-7b": "plugin-256-defaults", "serving_h200_granite": "stock-4096",
+                     "gemms_h200/call6": "plugin-256-stock-ops", "gemms_h200/call7": "plugin-256-defaults"}
+    assert ("Timed first: Qwen's defaults (0.94x to triton on rollouts is no measured loss), Granite's stock "
+            "flashinfer (1.81x, 2.05x over it are high), stock's ops below (1.81x).") in said
+    first_rl, second_rl = (setups(LOGS / f"gemms_h200/{run}/serving.json")["plugin-256-defaults"]["workloads"]["rl"]
+                           for run in ("call7", "call6"))
+    assert (f"call7's defaults, timed first: {tok(first_rl['output_tok_s'])} rollout tok/s, first token after "
+            f"{first_rl['ttft_p50_s']:.2f} s ({tok(second_rl['output_tok_s'])} and {second_rl['ttft_p50_s']:.2f} s "
+            "timed second in call6)") in said
