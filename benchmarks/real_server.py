@@ -79,6 +79,10 @@ READY_TIMEOUT_S = 420
 STOCK = {"SGLANG_PLUGINS": "none"}
 PLUGIN_LINE = re.compile(r"sglang-chunk-align[^\n]*")
 SPLIT_LINE = re.compile(r"sglang-chunk-align: split attention: prefill batch (\d+) split")
+# SGLang's line per prefill step (scheduler_components/metrics_reporter.py): new tokens, radix-hit tokens of
+# the requests it begins, and whether a prefill CUDA graph replayed it.
+PREFILL_LINE = re.compile(r"Prefill batch(?: \[\d+\])?, #new-seq: \d+, #new-token: (\d+), #cached-token: (\d+),"
+                          r".*?cuda graph: (True|False)")
 # What each refusal must say (the plugin's chunk_size_error, stock's check_truncation_align_fits_chunk).
 REFUSALS = (
     ("plugin refuses chunk 100", {"SGLANG_PLUGINS": "chunk_align"}, 100, "Chunked prefill is aligned to 128 tokens"),
@@ -273,6 +277,16 @@ class Server:
         return {"name": self.name, "command": " ".join(self.command),
                 "env": {k: v for k, v in self.env.items() if k.startswith(("SGLANG_PLUGINS", "SGLANG_CHUNK_ALIGN"))},
                 "plugin_lines": self.plugin_lines(), "split_batches_at_least": self.split_batches()}
+
+
+def prefill_steps(log_text):
+    """What a server logged of its prefill steps in `log_text`: the steps, their new and radix-hit tokens, and
+    how many replayed a prefill CUDA graph. Issue 48 weighs setups by these: a grid that rounds radix hits
+    down shows as more steps and fewer cached tokens than triton's."""
+    steps = PREFILL_LINE.findall(log_text)
+    return {"steps": len(steps), "new_tokens": sum(int(new) for new, _, _ in steps),
+            "cached_tokens": sum(int(cached) for _, cached, _ in steps),
+            "graph_steps": sum(graph == "True" for _, _, graph in steps)}
 
 
 def _listening(port):

@@ -325,8 +325,14 @@ class ServingRun(real_server.Run):
         return entry
 
     def _round(self, server):
-        """Every workload once, each on the same requests (seed 0) as every other setup's."""
-        return {w: WORKLOADS[w](server, self, seed=0) for w in self.args.workloads.split(",")}
+        """Every workload once, each on the same requests (seed 0) as every other setup's, with the prefill
+        steps its server logged meanwhile (real_server.prefill_steps)."""
+        results = {}
+        for w in self.args.workloads.split(","):
+            logged = len(server.log())
+            results[w] = WORKLOADS[w](server, self, seed=0)
+            results[w]["prefill"] = real_server.prefill_steps(server.log()[logged:])
+        return results
 
     def _check(self, name, server, entry, long=True):
         setup = SETUPS[name]

@@ -549,3 +549,36 @@ def test_the_warm_up_samples_as_the_timed_workloads_do_alone_and_several_at_once
     assert timed <= {p.get("temperature", 0) for p in warmed}
     assert warmed[0].get("temperature") and "sampling_seed" in warmed[0]  # alone, before any other request
     assert len({p["sampling_seed"] for p in sampled}) >= 2  # and several samples of one prompt at once
+
+
+# SGLang 0.5.23's lines, from gemms_h200/call7's plugin-256-defaults.log (the second with LOG_FORWARD_ITERS'
+# step number, as SGLang writes it when set).
+PREFILL_LOG = """\
+[2026-12-07 00:47:13] Prefill batch, #new-seq: 6, #new-token: 222, #cached-token: 9984, token usage: 0.01, #running-req: 2, #queue-req: 119, #pending-token: 238520, cuda graph: True, input throughput (token/s): 12107.93
+[2026-12-07 00:47:13] Prefill batch [812], #new-seq: 1, #new-token: 256, #cached-token: 0, token usage: 0.01, #running-req: 8, #queue-req: 119, #pending-token: 238264, cuda graph: True, input throughput (token/s): 17087.38
+[2026-12-07 00:47:16] Decode batch, #running-req: 128, #token: 39648, token usage: 0.16, cuda graph: True, gen throughput (token/s): 151.18, #queue-req: 0
+[2026-12-07 00:47:22] Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 2047, token usage: 0.02, #running-req: 8, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 9.3
+"""
+
+
+def test_prefill_steps_are_read_from_sglangs_prefill_lines_alone():
+    assert real_server.prefill_steps(PREFILL_LOG) == {"steps": 3, "new_tokens": 479, "cached_tokens": 12031,
+                                                      "graph_steps": 2}
+    assert real_server.prefill_steps("") == {"steps": 0, "new_tokens": 0, "cached_tokens": 0, "graph_steps": 0}
+
+
+def test_each_workload_records_the_prefill_steps_its_server_logged_while_it_ran(monkeypatch, tmp_path):
+    """The log before a workload (the warm-up's, an earlier workload's) is not the workload's."""
+    lines = PREFILL_LOG.splitlines(keepends=True)
+    log = [lines[0]]  # logged before the round: not counted
+
+    def workload(new_lines):
+        def run(server, run, seed):
+            log.extend(new_lines)
+            return {}
+        return run
+
+    monkeypatch.setattr(serving, "WORKLOADS", {"rl": workload(lines[1:3]), "agent": workload(lines[3:])})
+    result = serving_run(tmp_path)._round(SimpleNamespace(log=lambda: "".join(log)))
+    assert result["rl"]["prefill"] == {"steps": 1, "new_tokens": 256, "cached_tokens": 0, "graph_steps": 1}
+    assert result["agent"]["prefill"] == {"steps": 1, "new_tokens": 1, "cached_tokens": 2047, "graph_steps": 0}

@@ -5,10 +5,9 @@ tests/test_serving_benchmark.py's."""
 
 import json
 import pathlib
-import re
 import tarfile
 
-from benchmarks import profile_determinism, serving_plot
+from benchmarks import profile_determinism, real_server, serving_plot
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LOGS = ROOT / "benchmarks" / "logs"
@@ -159,8 +158,7 @@ def prefill_batches(name):
     """[(new tokens, whether a CUDA graph replayed it)] of the 'Prefill batch' lines in a Qwen server's log."""
     with tarfile.open(QWEN / "server_logs.tgz") as logs:
         text = logs.extractfile(f"qwen-logs/{name}.log").read().decode()
-    return [(int(tokens), graph == "True") for tokens, graph in
-            re.findall(r"Prefill batch, #new-seq: \d+, #new-token: (\d+),.*?cuda graph: (True|False)", text)]
+    return [(int(tokens), graph == "True") for tokens, _, graph in real_server.PREFILL_LINE.findall(text)]
 
 
 def prefill_steps(name):
