@@ -508,18 +508,23 @@ def rl(server, run, seed):
     """--groups prompts x --samples samples, all at once, as a rollout step sends them: sampled at
     temperature 1.0, each sample with its own sampling_seed (deterministic SGLang seeds every request
     alike without one, and a group's samples would all be the same rollout)."""
-    rng, vocab = random.Random(f"rl:{seed}"), run.config["vocab_size"]
-    plan = []
-    for _ in range(run.args.groups):
-        prompt, tokens = random_ids(rng, vocab, rng.randint(1000, 3000)), rng.randint(128, 512)
-        plan += [(0.0, prompt, tokens, {"temperature": 1.0, "sampling_seed": len(plan) + sample})
-                 for sample in range(run.args.samples)]
-    wall, results = run_requests(server, plan)
+    plan = rl_requests(seed, run.config["vocab_size"], run.args.groups, run.args.samples)
+    wall, results = run_requests(server, [(0.0, *request) for request in plan])
     groups = [results[g:g + run.args.samples] for g in range(0, len(results), run.args.samples)]
     return {**metrics(wall, results),
             "distinct_samples_per_group": [len({tuple(r["output_ids"]) for r in group}) for group in groups],
             "workload": f"{run.args.groups} prompts of 1000-3000 tokens x {run.args.samples} samples, "
                         "128-512 new tokens per prompt, all sent at once; temperature 1.0, a sampling_seed per sample"}
+
+
+def rl_requests(seed, vocab, groups, samples):
+    """The rollouts' requests, groups in order: (prompt ids, new tokens, sampling params) per sample.
+    benchmarks/prefill_steps.py schedules the same ones on CPU."""
+    rng, plan = random.Random(f"rl:{seed}"), []
+    for _ in range(groups):
+        prompt, tokens = random_ids(rng, vocab, rng.randint(1000, 3000)), rng.randint(128, 512)
+        plan += [(prompt, tokens, {"temperature": 1.0, "sampling_seed": len(plan) + sample}) for sample in range(samples)]
+    return plan
 
 
 def alike_groups(entry):
@@ -532,16 +537,13 @@ def alike_groups(entry):
 def agent(server, run, seed):
     """Conversations side by side, turns in order: each turn's prompt is the last prompt, its answer
     and a tool output."""
-    rng, vocab = random.Random(f"agent:{seed}"), run.config["vocab_size"]
-    system = random_ids(rng, vocab, 1500)
-    starts = [system + random_ids(rng, vocab, rng.randint(300, 700)) for _ in range(run.args.conversations)]
-    tools = [[random_ids(rng, vocab, rng.randint(800, 1500)) for _ in range(run.args.turns)] for _ in starts]
+    starts, tools = agent_parts(seed, run.config["vocab_size"], run.args.conversations, run.args.turns)
     results = [[] for _ in starts]
 
     def converse(c):
         prompt = starts[c]
         for turn in range(run.args.turns):
-            result = stream(server.url, prompt, 128)
+            result = stream(server.url, prompt, AGENT_ANSWER_TOKENS)
             results[c].append(result)
             prompt = prompt + result["output_ids"] + tools[c][turn]
 
@@ -554,6 +556,19 @@ def agent(server, run, seed):
             "workload": f"{run.args.conversations} conversations x {run.args.turns} turns after a shared "
                         "1500-token system prompt; each turn appends the answer (128 tokens) and a tool "
                         "output of 800-1500 tokens"}
+
+
+AGENT_ANSWER_TOKENS = 128
+
+
+def agent_parts(seed, vocab, conversations, turns):
+    """The agents' first prompts (a shared 1500-token system prompt, then 300-700 tokens each) and each
+    turn's tool output (800-1500 tokens). benchmarks/prefill_steps.py schedules the same ones on CPU."""
+    rng = random.Random(f"agent:{seed}")
+    system = random_ids(rng, vocab, 1500)
+    starts = [system + random_ids(rng, vocab, rng.randint(300, 700)) for _ in range(conversations)]
+    tools = [[random_ids(rng, vocab, rng.randint(800, 1500)) for _ in range(turns)] for _ in starts]
+    return starts, tools
 
 
 INTERACTIVE_DECODERS, INTERACTIVE_TOKENS = 32, 1024
