@@ -77,3 +77,7 @@ def test_the_readme_gives_qwens_ratios_from_the_record():
     assert (f"gives it {ratio[('rl', 'plugin-256', '0.7.2')]:.2f}x triton's at chunk 256, "
             f"{ratio[('rl', 'plugin-256', '0.7.4')]:.2f}x on rollouts and {ratio[('agent', 'plugin-256', '0.7.4')]:.2f}x "
             f"on agents with flashinfer 0.7.4's facts, {min(at_512):.2f}-{max(at_512):.2f}x at chunk 512") in readme
+    doc = " ".join((pathlib.Path(__file__).resolve().parents[1] / "docs/serving.md").read_text().split())
+    assert (f"{ratio[('rl', 'plugin-256', '0.7.2')]:.2f}x triton's steps at chunk 256 on flashinfer 0.7.2; with 0.7.4's "
+            f"facts {ratio[('rl', 'plugin-256', '0.7.4')]:.2f}x on rollouts and {ratio[('agent', 'plugin-256', '0.7.4')]:.2f}x "
+            f"on agents (each turn prefills its last answer again); {min(at_512):.2f}-{max(at_512):.2f}x at chunk 512") in doc
