@@ -109,6 +109,10 @@ SETUPS = {
                                 "the deterministic unchunked reference (verify should find it inexact)", 256, STOCK,
                                 deterministic=False, expect_identical=False),
     "plugin-1024": Setup("plugin, chunk 1024, radix cache, decode wait on", 1024, WAIT_ON, long_prompts=True),
+    # Issue 48's larger chunks, each with the decode wait off (the defaults) and on.
+    "plugin-512-defaults": Setup("plugin, chunk 512, radix cache, the plugin's defaults", 512, PLUGIN),
+    "plugin-512": Setup("plugin, chunk 512, radix cache, decode wait on", 512, WAIT_ON),
+    "plugin-1024-defaults": Setup("plugin, chunk 1024, radix cache, the plugin's defaults", 1024, PLUGIN),
     # The plugin as a user turns it on: SGLANG_PLUGINS=chunk_align and no switch (the decode wait off).
     "plugin-256-defaults": Setup("plugin, chunk 256, radix cache, the plugin's defaults", 256, PLUGIN,
                                  long_prompts=True),

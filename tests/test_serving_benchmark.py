@@ -341,6 +341,16 @@ def test_the_decode_wait_pair_differs_in_the_switch_alone():
     assert (on.chunk, on.extra, on.backend) == (off.chunk, off.extra, off.backend)
 
 
+@pytest.mark.parametrize("chunk", [512, 1024])
+def test_issue_48s_larger_chunks_differ_from_the_defaults_in_the_chunk_and_then_the_wait_alone(chunk):
+    defaults, waiting, at_256 = (serving.SETUPS[name] for name in
+                                 (f"plugin-{chunk}-defaults", f"plugin-{chunk}", "plugin-256-defaults"))
+    assert (defaults.env, defaults.extra, defaults.backend, defaults.reference) == \
+        (at_256.env, at_256.extra, at_256.backend, at_256.reference)
+    assert defaults.chunk == waiting.chunk == chunk
+    assert waiting.env == {**defaults.env, DECODE_WAIT_ENV: "1"}
+
+
 def test_no_decode_wait_verdict_without_its_control():
     assert serving.decode_wait_verdict([timed("plugin-256", [{"rl": (1000, 0.1)}])]) is None
 
@@ -582,3 +592,13 @@ def test_each_workload_records_the_prefill_steps_its_server_logged_while_it_ran(
     result = serving_run(tmp_path)._round(SimpleNamespace(log=lambda: "".join(log)))
     assert result["rl"]["prefill"] == {"steps": 1, "new_tokens": 256, "cached_tokens": 0, "graph_steps": 1}
     assert result["agent"]["prefill"] == {"steps": 1, "new_tokens": 1, "cached_tokens": 2047, "graph_steps": 0}
+
+
+def test_issue_48s_plan_runs_setups_serving_knows_with_a_control_on_models_it_has():
+    plan = (pathlib.Path(__file__).resolve().parents[1] / "benchmarks/logs/ahead_of_triton/run.sh").read_text()
+    setups = plan.split("${SETUPS:-")[1].split("}")[0].split(",")
+    assert set(setups) <= set(serving.SETUPS), set(setups) - set(serving.SETUPS)
+    assert {"plugin-256-defaults", "triton-256", "stock-4096", "nondet-256"} <= set(setups)
+    assert [name for name in setups if not serving.SETUPS[name].expect_identical] == ["nondet-256-control"]
+    for model in ("qwen2.5-7b", "granite-3.1-8b", "llama-3.2-3b"):
+        assert f"MODEL={model}" in plan and (pathlib.Path(serving.__file__).parent / "models" / model / "config.json").exists()

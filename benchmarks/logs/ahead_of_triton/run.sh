@@ -1,0 +1,33 @@
+#!/bin/bash
+# Issue 48's GPU runs, planned whole before a machine is taken: per shape, one serving run of the setups the
+# issue weighs, side by side on the shape's well-scaled random checkpoint, rollouts and agents, every
+# deterministic setup verified against its unchunked reference and verify's control in the run (it must
+# fail); serving.json gives each workload's prefill steps and radix-hit tokens, read from its server's log
+# ("prefill"). The warm-up samples as the rollouts do (serving.warm_up), so the setup timed first no longer
+# compiles SGLang's seeded sampler inside its timed rollouts. GEMMs run SGLang's batch-invariant Triton path:
+# sgl-deep-gemm does not load on the machine's torch 2.11, where a full sm90 install uses DeepGEMM.
+#
+# The flashinfer release is the machine's: `FI=fi074 source .stage/gpu_prelude.sh` (carry .stage/fi074) for
+# 0.7.4, whose kernel facts take chunk starts anywhere; on CPU that gave Qwen's rollouts triton's prefill steps
+# (benchmarks/README.md, "Prefill steps against triton's"). Planned, one per session (about 16 min each:
+# two references at once with the checkpoint about 3.5 min, then about 2 min a setup, call7's pace):
+#   MODEL=qwen2.5-7b on 0.7.4, then on 0.7.2; MODEL=granite-3.1-8b; MODEL=llama-3.2-3b (GQA 3, no record yet).
+#
+#   usage: OUT=DIR MODEL=NAME [PY=python3] [SETUPS=a,b,...] [LIMIT=1080] bash benchmarks/logs/ahead_of_triton/run.sh
+# From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). NAME: a folder
+# of benchmarks/models.
+set -u
+out=${OUT:?OUT: where the results go}
+model=${MODEL:?MODEL: a folder of benchmarks/models}
+py=${PY:-python3}
+limit=${LIMIT:-1080}
+mkdir -p "$out"
+. benchmarks/logs/gpu_steps.sh
+record_stack ""
+stand_in
+step serving "$limit" $py benchmarks/serving.py --model-path "benchmarks/models/$model" --weights random \
+  --checkpoints /tmp/checkpoints \
+  --setups "${SETUPS:-plugin-256-defaults,plugin-512-defaults,triton-256,stock-4096,nondet-256,nondet-256-control}" \
+  --workloads rl,agent --repeat-setups "" --skip-long-prompts --deadline-s $(( limit - 120 )) \
+  --out "$out/serving.json" --logs "$out/serving-logs"
+echo "== all steps ended $(date +%T)"
