@@ -11,8 +11,8 @@ from benchmarks.workload import SchedulingConfig
 from sglang_chunk_align import releases
 from sglang_chunk_align.compat import installed_version, sglang_at_least
 
-RECORD = json.loads((pathlib.Path(__file__).resolve().parents[1]
-                     / "benchmarks/logs/prefill_steps_cpu/prefill_steps.json").read_text())
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RECORD = json.loads((ROOT / "benchmarks/logs/prefill_steps_cpu/prefill_steps.json").read_text())
 QWEN = prefill_steps.SHAPES[1]
 PLUGIN_256 = SchedulingConfig("plugin-256", 256, plugin=True)
 # The record is SGLang 0.5.23's scheduler's; the driver runs the newest release's scheduler objects.
@@ -67,7 +67,7 @@ def test_the_record_is_what_the_scheduler_gives_now(qwen_rollouts):
 
 
 def test_benchmarks_readme_gives_the_records_ratios():
-    text = (pathlib.Path(__file__).resolve().parents[1] / "benchmarks/README.md").read_text()
+    text = (ROOT / "benchmarks/README.md").read_text()
     table = text[text.index("| chunk 256 | Granite rl / agents"):].split("\n\n")[0].splitlines()[2:]
     rows = {(r["workload"], r["shape"], r["flashinfer_facts"]): r for r in RECORD["rows"] if r["setup"] == "plugin-256"}
     for line, (key, release, form) in zip(table, [("steps_to_triton", "0.7.2", "{:.2f}x"), ("steps_to_triton", "0.7.4", "{:.2f}x"),
@@ -78,7 +78,7 @@ def test_benchmarks_readme_gives_the_records_ratios():
 
 
 def test_the_readme_gives_qwens_ratios_from_the_record():
-    readme = " ".join((pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
     qwen = [r for r in RECORD["rows"] if r["shape"] == QWEN.name]
     ratio = {(r["workload"], r["setup"], r["flashinfer_facts"]): r["steps_to_triton"] for r in qwen}
     at_512 = [r["steps_to_triton"] for r in qwen if r["setup"] == "plugin-512"]
@@ -86,7 +86,7 @@ def test_the_readme_gives_qwens_ratios_from_the_record():
     assert (f"gives it {ratio[('rl', 'plugin-256', '0.7.2')]:.2f}x triton's at chunk 256, "
             f"{ratio[('rl', 'plugin-256', '0.7.4')]:.2f}x on rollouts and {ratio[('agent', 'plugin-256', '0.7.4')]:.2f}x "
             f"on agents with flashinfer 0.7.4's facts, {min(at_512):.2f}-{max(at_512):.2f}x at chunk 512") in readme
-    doc = " ".join((pathlib.Path(__file__).resolve().parents[1] / "docs/serving.md").read_text().split())
+    doc = " ".join((ROOT / "docs/serving.md").read_text().split())
     assert (f"{ratio[('rl', 'plugin-256', '0.7.2')]:.2f}x triton's steps at chunk 256 on flashinfer 0.7.2; with 0.7.4's "
             f"facts {ratio[('rl', 'plugin-256', '0.7.4')]:.2f}x on rollouts and {ratio[('agent', 'plugin-256', '0.7.4')]:.2f}x "
             f"on agents (each turn prefills its last answer again); {min(at_512):.2f}-{max(at_512):.2f}x at chunk 512") in doc

@@ -561,8 +561,9 @@ def test_the_warm_up_samples_as_the_timed_workloads_do_alone_and_several_at_once
     assert len({p["sampling_seed"] for p in sampled}) >= 2  # and several samples of one prompt at once
 
 
-# SGLang 0.5.23's lines, from gemms_h200/call7's plugin-256-defaults.log (the second with LOG_FORWARD_ITERS'
-# step number, as SGLang writes it when set).
+# SGLang 0.5.23's lines as it writes them: the first and the decode line from gemms_h200/call7's
+# plugin-256-defaults.log, the second one of its lines with the step number LOG_FORWARD_ITERS adds, the last
+# made up: a 1-token extend over a radix hit that ran eagerly.
 PREFILL_LOG = """\
 [2026-12-07 00:47:13] Prefill batch, #new-seq: 6, #new-token: 222, #cached-token: 9984, token usage: 0.01, #running-req: 2, #queue-req: 119, #pending-token: 238520, cuda graph: True, input throughput (token/s): 12107.93
 [2026-12-07 00:47:13] Prefill batch [812], #new-seq: 1, #new-token: 256, #cached-token: 0, token usage: 0.01, #running-req: 8, #queue-req: 119, #pending-token: 238264, cuda graph: True, input throughput (token/s): 17087.38

@@ -154,17 +154,20 @@ def test_granites_second_run_table_and_cost_are_the_record():
     assert recorded["plugin-256-defaults"]["env"] == {"SGLANG_PLUGINS": "chunk_align"}
 
 
+def qwen_server_log(name):
+    with tarfile.open(QWEN / "server_logs.tgz") as logs:
+        return logs.extractfile(f"qwen-logs/{name}.log").read().decode()
+
+
 def prefill_batches(name):
     """[(new tokens, whether a CUDA graph replayed it)] of the 'Prefill batch' lines in a Qwen server's log."""
-    with tarfile.open(QWEN / "server_logs.tgz") as logs:
-        text = logs.extractfile(f"qwen-logs/{name}.log").read().decode()
-    return [(int(tokens), graph == "True") for tokens, _, graph in real_server.PREFILL_LINE.findall(text)]
+    return [(int(tokens), graph == "True") for tokens, _, graph in real_server.PREFILL_LINE.findall(qwen_server_log(name))]
 
 
 def prefill_steps(name):
-    """(steps, tokens) of the 'Prefill batch' lines in a Qwen server's log."""
-    batches = prefill_batches(name)
-    return len(batches), sum(tokens for tokens, _ in batches)
+    """(steps, tokens) of the 'Prefill batch' lines in a Qwen server's log, as serving.json now records them."""
+    counted = real_server.prefill_steps(qwen_server_log(name))
+    return counted["steps"], counted["new_tokens"]
 
 
 def test_the_prefill_graph_replays_the_docs_give_are_the_server_logs():
