@@ -1,5 +1,5 @@
 """Every figure the README and benchmarks/logs/gemms_h200/COMMANDS.md give for issue 47's serving and
-profile runs (call2, call3, call5, call6) and the GPU bits tests (call4, call5, call6), read from their records."""
+profile runs (call2, call3, call5, call6, call8) and the GPU bits tests (call4, call5, call6), read from their records."""
 
 import json
 import pathlib
@@ -11,6 +11,7 @@ TRITON = {entry["setup"]: entry for entry in json.loads((RECORDS / "call3/servin
 PROFILE = {entry["setup"]: entry for entry in json.loads((RECORDS / "call2/profile.json").read_text())["setups"]}
 MODES = {entry["setup"]: entry for entry in json.loads((RECORDS / "call5/serving.json").read_text())["setups"]}
 SIDE_BY_SIDE = {entry["setup"]: entry for entry in json.loads((RECORDS / "call6/serving.json").read_text())["setups"]}
+WARMED = {entry["setup"]: entry for entry in json.loads((RECORDS / "call8/serving.json").read_text())["setups"]}
 MODES_PROFILE = {entry["setup"]: entry for entry in json.loads((RECORDS / "call5/profile.json").read_text())["setups"]}
 README = " ".join((ROOT / "README.md").read_text().split())
 COMMANDS = " ".join((RECORDS / "COMMANDS.md").read_text().split())
@@ -44,8 +45,9 @@ def share(name, workload):
     return f"{SIDE_BY_SIDE[name]['workloads'][workload]['output_tok_s'] / ceiling:.0%}"
 
 
-def gain(name, workload, over="plugin-256-stock-ops"):
-    return f"{SIDE_BY_SIDE[name]['workloads'][workload]['output_tok_s'] / SIDE_BY_SIDE[over]['workloads'][workload]['output_tok_s']:.2f}x"
+def gain(name, workload, over="plugin-256-stock-ops", runs=None):
+    runs = runs or SIDE_BY_SIDE
+    return f"{runs[name]['workloads'][workload]['output_tok_s'] / runs[over]['workloads'][workload]['output_tok_s']:.2f}x"
 
 
 def test_the_readmes_modes_table_is_call6s_with_call2s_and_call5s_decode_steps():
@@ -74,8 +76,10 @@ def test_the_readmes_modes_table_is_call6s_with_call2s_and_call5s_decode_steps()
         assert row in README, row
     assert (f"| non-deterministic flashinfer | {' / '.join(tok_s(control))} | | "
             f"{profiled_ms('nondet-256', profile=MODES_PROFILE)} ms | its control: 0 identical |") in README
+    warmed = [gain("plugin-256-defaults", w, runs=WARMED) for w in ("agent", "rl")]
     assert (f"{gain('plugin-256-defaults', 'agent')} the agents of stock's ops "
-            f"({gain('plugin-256-defaults', 'rl')} the rollouts, high: above), every answer the same") in README
+            f"({gain('plugin-256-defaults', 'rl')} the rollouts, high: above; call8, its sampler warmed: "
+            f"{warmed[0]} and {warmed[1]}), every answer the same") in README
     assert SIDE_BY_SIDE["plugin-256-fast"]["workloads"]["agent"]["output_tok_s"] > defaults["workloads"]["agent"]["output_tok_s"]
     for call in ("call2", "call5", "call6"):
         assert "NVIDIA H100" in json.loads((RECORDS / f"{call}/serving.json").read_text())["stack"]["gpu"], call
@@ -212,3 +216,39 @@ def test_docs_gemms_gives_call7s_tiles_from_its_record():
             f"where call6's fast server without tiles got {tok(rollouts[0]['output_tok_s'])} and the same "
             f"{rollouts[0]['ttft_p50_s']:.2f} s") in docs
     assert "3 passed" in (RECORDS / "call7/gemm-bits.log").read_text()
+
+
+def test_call8_timed_stocks_ops_first_with_the_sampler_warmed_and_has_no_control():
+    """call8 (an H100): stock's ops timed first, then the defaults, both verified against stock's unchunked
+    reference; the limit cut the control, which COMMANDS.md and docs/gemms.md say. Its table, gains, first
+    tokens and prefill steps are the record's, every prefill step a CUDA graph's."""
+    record = json.loads((RECORDS / "call8/serving.json").read_text())
+    assert "NVIDIA H100" in record["stack"]["gpu"] and record["stack"]["flashinfer-python"] == "0.7.2"
+    assert list(WARMED) == ["plugin-256-stock-ops", "plugin-256-defaults"]
+    assert "this run has no control" in COMMANDS and "== serving: exit 124" in (RECORDS / "call8/log").read_text()
+    stock, defaults = WARMED["plugin-256-stock-ops"], WARMED["plugin-256-defaults"]
+    assert stock["env"] == SIDE_BY_SIDE["plugin-256-stock-ops"]["env"] and defaults["env"] == {"SGLANG_PLUGINS": "chunk_align"}
+    for entry, label in ((stock, "stock's GEMM config and RMSNorm, **timed first**"), (defaults, "the plugin's defaults")):
+        assert entry["verify_ok"] and identical_per_pass(entry) == "36 of 36"
+        assert entry["verify"]["recorded"].endswith("baseline-flashinfer.json")
+        rl, agents = (entry["workloads"][w] for w in ("rl", "agent"))
+        assert (f"| {label} | {rl['output_tok_s']:,.1f} | {rl['ttft_p50_s']:.2f} s | {agents['output_tok_s']:,.1f} | "
+                "36 of 36 identical in both passes, against stock's unchunked flashinfer |") in COMMANDS
+        for w in ("rl", "agent"):
+            prefill = entry["workloads"][w]["prefill"]
+            assert prefill["graph_steps"] == prefill["steps"], (label, w)
+            assert f"{prefill['steps']} of {prefill['steps']}" in COMMANDS
+    assert record["outputs_compared"]["plugin-256-defaults"] == {
+        "against": "plugin-256-stock-ops", "agree": True, "rl": "128/128 requests identical", "agent": "64/64 requests identical"}
+    rl, agents = (gain("plugin-256-defaults", w, runs=WARMED) for w in ("rl", "agent"))
+    assert f"The defaults served {rl} the rollouts and {agents} the agents of stock's ops" in COMMANDS
+    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
+    first = stock["workloads"]["rl"]["ttft_p50_s"]
+    assert (f"call8 timed stock's ops first (first token after {first:.2f} s, no stall in the server's log) and the "
+            f"defaults served {rl} their rollouts ({tok(defaults['workloads']['rl']['output_tok_s'])} against "
+            f"{tok(stock['workloads']['rl']['output_tok_s'])} tok/s) and {agents} their agents "
+            f"({tok(defaults['workloads']['agent']['output_tok_s'])} against {tok(stock['workloads']['agent']['output_tok_s'])})") in docs
+    assert "call8 has no control" in docs
+    assert f"(call8: stock's ops timed first, first token after {first:.2f} s)" in README
+    unwarmed = SIDE_BY_SIDE["plugin-256-stock-ops"]["workloads"]["rl"]
+    assert f"after {first:.2f} s (call6, timed first without the sampled warm-up: {unwarmed['ttft_p50_s']:.2f} s" in COMMANDS
