@@ -9,9 +9,14 @@
 #
 # The flashinfer release is the machine's: `FI=fi074 source .stage/gpu_prelude.sh` (carry .stage/fi074) for
 # 0.7.4, whose kernel facts take chunk starts anywhere; on CPU that gave Qwen's rollouts triton's prefill steps
-# (benchmarks/README.md, "Prefill steps against triton's"). Planned, one per session (about 16 min each:
-# two references at once with the checkpoint about 3.5 min, then about 2 min a setup, call7's pace):
+# (benchmarks/README.md, "Prefill steps against triton's"). Planned, one per session (about 15 min each:
+# two references at once with the checkpoint about 3.5 min, then about 2 min a setup, call7's pace, and the
+# control's server about 2 min more on a fresh machine, JIT-compiling non-deterministic flashinfer's kernels,
+# gemms_h200/call8):
 #   MODEL=qwen2.5-7b on 0.7.4, then on 0.7.2; MODEL=granite-3.1-8b; MODEL=llama-3.2-3b (GQA 3, no record yet).
+# The control is timed too, so it is the non-deterministic ceiling as well (no second non-deterministic
+# server), and it runs second: a run cut short by the limit loses its last setups, never the control
+# (call8's limit cut its control, timed last).
 #
 #   usage: OUT=DIR MODEL=NAME [PY=python3] [SETUPS=a,b,...] [LIMIT=1080] bash benchmarks/logs/ahead_of_triton/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). NAME: a folder
@@ -27,7 +32,7 @@ record_stack ""
 stand_in
 step serving "$limit" $py benchmarks/serving.py --model-path "benchmarks/models/$model" --weights random \
   --checkpoints /tmp/checkpoints \
-  --setups "${SETUPS:-plugin-256-defaults,plugin-512-defaults,triton-256,stock-4096,nondet-256,nondet-256-control}" \
+  --setups "${SETUPS:-plugin-256-defaults,nondet-256-control,triton-256,stock-4096,plugin-512-defaults}" \
   --workloads rl,agent --repeat-setups "" --skip-long-prompts --deadline-s $(( limit - 120 )) \
   --out "$out/serving.json" --logs "$out/serving-logs"
 echo "== all steps ended $(date +%T)"

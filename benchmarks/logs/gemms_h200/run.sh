@@ -20,8 +20,9 @@
 #            requests with 2k tokens of context, the plugin's defaults (GEMM configs per M, on by default
 #            since call2) and with fast GEMMs, beside non-deterministic flashinfer, one server at a time;
 #   serving  benchmarks/serving.py on the same checkpoint, rollouts and agents: the same three setups, each
-#            deterministic one verified (fast GEMMs against a reference that runs them, unchunked), and verify's
-#            control in the same run (non-deterministic flashinfer, which it must find inexact; call2 had none).
+#            deterministic one verified (fast GEMMs against a reference that runs them, unchunked); the
+#            non-deterministic one is verify's control (it must find it inexact; call2 had none), timed second
+#            so that a limit cuts a timed setup first (call8's cut its control, timed last).
 # call1-call4 ran the plan as it was before fast mode (COMMANDS.md gives each call's command).
 #
 #   usage: OUT=DIR [PY=python3] [STEPS="bits norms micro splitk profile serving"] [MICRO_MODELS="qwen2.5-7b ..."]
@@ -57,7 +58,7 @@ for s in $steps; do
                --setups ${PROFILE_SETUPS:-plugin-256-defaults,plugin-256-fast,nondet-256} --out "$out/profile.json" \
                --logs "$out/profile-logs";;
     serving) stand_in; step serving ${SERVING_LIMIT:-840} $py benchmarks/serving.py --model-path $qwen $weights \
-               --setups ${SERVING_SETUPS:-plugin-256-defaults,plugin-256-fast,nondet-256,nondet-256-control} \
+               --setups ${SERVING_SETUPS:-plugin-256-defaults,nondet-256-control,plugin-256-fast} \
                --workloads rl,agent --repeat-setups "" --skip-long-prompts --deadline-s 700 \
                --out "$out/serving.json" --logs "$out/serving-logs";;
   esac
