@@ -117,3 +117,36 @@ def test_an_interrupted_run_keeps_each_shape_measured_and_no_half_summed_decode_
     assert [row["model"] for row in doc["results"]] == ["first"]
     assert list(doc["decode_step_gemms"]) == ["first float16"]
     assert "INTERRUPTED" in found["summary"].splitlines()[0]
+
+
+KILLED = """
+import os, sys
+from benchmarks import probe_split_k
+sound = {splits: {"rows_differ_from_largest_m": [], "rows_differ_from_alone": [],
+                  "differs_from_stock_at": [] if splits == 1 else [1]} for splits in probe_split_k.SPLITS}
+sound["control_rows_differ_from_largest_m"] = [3]
+checked = []
+
+def check(tensors, rows):  # the second shape's check never returns: the process dies as a KILL would end it
+    checked.append(rows)
+    if len(checked) == 2:
+        os._exit(137)
+    return sound
+
+probe_split_k.check = check
+probe_split_k.timing = lambda bench, shape, tensors, rows: ({}, {"splits": 4, "tiles": {}, "tiles_of_other_bits": []})
+probe_split_k.main(["--stand-in", "--json", sys.argv[1]])
+"""
+
+
+def test_the_split_k_probe_keeps_each_shape_it_finished_when_killed(tmp_path):
+    """The time limit may end the probe where no Python runs (call7's wrote nothing of two finished shapes):
+    the record holds every shape finished before the end, marked incomplete."""
+    record = tmp_path / "probe_split_k.json"
+    run = subprocess.run([sys.executable, "-c", KILLED, str(record)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 137, run.stderr[-3000:]
+    doc = json.loads(record.read_text())
+    assert doc["complete"] is False
+    assert [shape["layer"] for shape in doc["shapes"]] == [probe_split_k.STAND_IN_GEMMS[0][0]]
+    assert all(doc["verdict"].values())
