@@ -185,7 +185,7 @@ def main(argv=None):
         if args.baselines:
             run.baselines = {r: (None, os.path.join(args.baselines, f"baseline-{r}.json")) for r in references}
         else:
-            run.record_references(references)
+            run.record_references(references, compiled_beside_references(args.setups.split(",")))
         (run.verify_setups if args.verify_only else run.time_setups)(args.setups.split(","))
     finally:
         run.stop()
@@ -205,12 +205,21 @@ def verified_as_expected(entry):
     return entry.get("verify_ok") is not opposite
 
 
-def start_setup(run, name, max_total_tokens=None):
+def start_setup(run, name, max_total_tokens=None, server_name=None):
     """The server of the setup named `name` (SETUPS), page size 1, CUDA graphs up to --graph-bs, its KV
-    pool `max_total_tokens` (None: --max-total-tokens): what this benchmark and profile_determinism start."""
+    pool `max_total_tokens` (None: --max-total-tokens): what this benchmark and profile_determinism start.
+    `server_name` (default `name`) names its log."""
     setup = SETUPS[name]
-    return Server(run, name, setup.chunk, 1, setup.env, extra=setup.extra, backend=setup.backend,
+    return Server(run, server_name or name, setup.chunk, 1, setup.env, extra=setup.extra, backend=setup.backend,
                   deterministic=setup.deterministic, decode_graph_bs=run.args.graph_bs, max_total_tokens=max_total_tokens)
+
+
+def compiled_beside_references(names):
+    """The setups whose kernels a server compiles beside the references: non-deterministic flashinfer's. The
+    first such server on a fresh machine spends its first prefill CUDA graph compiling what no deterministic
+    server compiled, once per machine: 107 s of call8's control (its plugin servers' captures took 4 s),
+    99 s of call5's first non-deterministic server and 3 s of its second (gemms_h200's records)."""
+    return [name for name in names if not SETUPS[name].deterministic and SETUPS[name].backend == "flashinfer"]
 
 
 def ready(name, server):
@@ -234,15 +243,19 @@ class ServingRun(real_server.Run):
         self.baselines = {}  # reference backend -> (its Server, its baseline cache file)
         self.setup_servers = []  # every setup's Server, stopped at the end whatever happened
 
-    def record_references(self, names):
+    def record_references(self, names, compile_for=()):
         """Each named reference (REFERENCES: unchunked, radix off), its cold answers recorded by verifying
-        it against itself; then the prompt lengths stock flashinfer's serves, last, since a failure ends it."""
+        it against itself; then the prompt lengths stock flashinfer's serves, last, since a failure ends it.
+        Beside them, a server of each setup in `compile_for` (compiled_beside_references) with the
+        references' KV pool, stopped once up: the setup's own server then starts on compiled kernels,
+        instead of compiling them in device time of its own (`kernels_compiled`: seconds to up, or False)."""
 
         def start(name):
             backend, env, extra = REFERENCES[name]
             server = Server(self, f"reference-{name}", -1, 1, env, extra=["--disable-radix-cache", *extra],
                             backend=backend, max_total_tokens=40000)
-            if not server.wait_ready():
+            if not server.wait_ready():  # its process may still run: a start past READY_TIMEOUT_S
+                server.stop()
                 self.record({"reference": name, "error": server.log()[-3000:]}, "references")
                 return
             cache = os.path.join(self.logs, f"baseline-{name}.json")
@@ -252,8 +265,19 @@ class ServingRun(real_server.Run):
             self.record({"reference": name, **entry}, "references")
             self.baselines[name] = server, cache
 
-        with ThreadPoolExecutor(len(names) or 1) as pool:
-            list(pool.map(start, sorted(names)))
+        def compile_kernels(name):
+            started, server = time.monotonic(), start_setup(self, name, 40000, server_name=f"kernels-{name}")
+            try:
+                up = server.wait_ready()
+            finally:
+                server.stop()
+            with self.lock:
+                self.results.setdefault("kernels_compiled", {})[name] = up and round(time.monotonic() - started, 1)
+
+        with ThreadPoolExecutor((len(names) + len(compile_for)) or 1) as pool:
+            jobs = [pool.submit(start, n) for n in sorted(names)] + [pool.submit(compile_kernels, n) for n in compile_for]
+            for job in jobs:
+                job.result()
         for server, _ in self.baselines.values():
             server.stop()
 

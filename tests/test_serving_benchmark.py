@@ -606,3 +606,35 @@ def test_issue_48s_plan_runs_setups_serving_knows_with_a_control_on_models_it_ha
     assert not serving.SETUPS["nondet-256-control"].expect_identical
     for model in ("qwen2.5-7b", "granite-3.1-8b", "llama-3.2-3b"):
         assert f"MODEL={model}" in plan and (pathlib.Path(serving.__file__).parent / "models" / model / "config.json").exists()
+
+
+def test_non_deterministic_flashinfer_compiles_its_kernels_beside_the_references(tmp_path, monkeypatch):
+    """Its own server's start would JIT-compile them (107 s in gemms_h200/call8): a server of the setup with
+    the references' pool starts beside them and is stopped once up; deterministic setups and triton's
+    compile nothing there. A reference that did not come up is stopped too (a start past the timeout runs on)."""
+    started, servers = [], []
+
+    class Up(FakeServer):
+        def __init__(self, run, name, chunk, page, env, extra=(), backend=None, deterministic=True, **options):
+            super().__init__(run, name)
+            started.append((name, chunk, env, backend, deterministic, options.get("max_total_tokens")))
+            servers.append(self)
+
+        def wait_ready(self):
+            return not self.name.startswith("reference-")  # the references' own work is not this test's
+
+        def log(self):
+            return "down"
+
+    monkeypatch.setattr(serving, "Server", Up)
+    run = serving_run(tmp_path, graph_bs=8)
+    setups = ["plugin-256-defaults", "nondet-256-control", "triton-256", "stock-4096"]
+    assert serving.compiled_beside_references(setups) == ["nondet-256-control"]
+    run.record_references({"flashinfer"}, serving.compiled_beside_references(setups))
+    assert sorted(started) == [
+        ("kernels-nondet-256-control", 256, serving.STOCK, "flashinfer", False, 40000),
+        ("reference-flashinfer", -1, serving.STOCK, "flashinfer", True, 40000),
+    ]
+    assert all(server.stopped for server in servers)
+    assert list(run.results["kernels_compiled"]) == ["nondet-256-control"]
+    assert run.results["kernels_compiled"]["nondet-256-control"] >= 0

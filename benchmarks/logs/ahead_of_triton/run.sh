@@ -10,9 +10,9 @@
 # The flashinfer release is the machine's: `FI=fi074 source .stage/gpu_prelude.sh` (carry .stage/fi074) for
 # 0.7.4, whose kernel facts take chunk starts anywhere; on CPU that gave Qwen's rollouts triton's prefill steps
 # (benchmarks/README.md, "Prefill steps against triton's"). Planned, one per session (about 15 min each:
-# two references at once with the checkpoint about 3.5 min, then about 2 min a setup, call7's pace, and the
-# control's server about 2 min more on a fresh machine, JIT-compiling non-deterministic flashinfer's kernels,
-# gemms_h200/call8):
+# two references at once with the checkpoint about 3.5 min, non-deterministic flashinfer's kernels compiled
+# beside them (serving.compiled_beside_references: 107 s of call8's control), then about 2 min a setup,
+# call7's pace):
 #   MODEL=qwen2.5-7b on 0.7.4, then on 0.7.2; MODEL=granite-3.1-8b; MODEL=llama-3.2-3b (GQA 3, no record yet).
 # The control is timed too, so it is the non-deterministic ceiling as well (no second non-deterministic
 # server), and it runs second: a run cut short by the limit loses its last setups, never the control
