@@ -31,7 +31,9 @@ prefill needs more than SGLang's 2 GiB). Those run last on a server because
 a failure there takes the server down.
 
 While one setup is verified and probed the next one starts: a server's start
-never overlaps another's timed workloads.
+never overlaps another's timed workloads. Non-deterministic flashinfer's kernels,
+which no deterministic server compiles, are compiled while the references record
+their answers (compiled_beside_references).
 
     python benchmarks/serving.py --model-path benchmarks/models/granite-3.1-8b --weights random --out serving.json
 
