@@ -251,4 +251,5 @@ def test_call8_timed_stocks_ops_first_with_the_sampler_warmed_and_has_no_control
     assert "call8 has no control" in docs
     assert f"(call8: stock's ops timed first, first token after {first:.2f} s)" in README
     unwarmed = SIDE_BY_SIDE["plugin-256-stock-ops"]["workloads"]["rl"]
-    assert f"after {first:.2f} s (call6, timed first without the sampled warm-up: {unwarmed['ttft_p50_s']:.2f} s" in COMMANDS
+    assert (f"after {first:.2f} s (call6, timed first without the sampled warm-up: {unwarmed['ttft_p50_s']:.2f} s, "
+            f"{unwarmed['output_tok_s']:,.1f} rollout tok/s)") in COMMANDS
