@@ -207,6 +207,10 @@ def verified_as_expected(entry):
     return entry.get("verify_ok") is not opposite
 
 
+# Tokens of KV a reference holds: small, so that references (and compile_kernels' server) fit on one GPU at once.
+REFERENCE_POOL_TOKENS = 40000
+
+
 def start_setup(run, name, max_total_tokens=None, server_name=None):
     """The server of the setup named `name` (SETUPS), page size 1, CUDA graphs up to --graph-bs, its KV
     pool `max_total_tokens` (None: --max-total-tokens): what this benchmark and profile_determinism start.
@@ -255,7 +259,7 @@ class ServingRun(real_server.Run):
         def start(name):
             backend, env, extra = REFERENCES[name]
             server = Server(self, f"reference-{name}", -1, 1, env, extra=["--disable-radix-cache", *extra],
-                            backend=backend, max_total_tokens=40000)
+                            backend=backend, max_total_tokens=REFERENCE_POOL_TOKENS)
             if not server.wait_ready():  # its process may still run: a start past READY_TIMEOUT_S
                 server.stop()
                 self.record({"reference": name, "error": server.log()[-3000:]}, "references")
@@ -268,7 +272,8 @@ class ServingRun(real_server.Run):
             self.baselines[name] = server, cache
 
         def compile_kernels(name):
-            started, server = time.monotonic(), start_setup(self, name, 40000, server_name=f"kernels-{name}")
+            started, server = time.monotonic(), start_setup(self, name, REFERENCE_POOL_TOKENS,
+                                                         server_name=f"kernels-{name}")
             try:
                 up = server.wait_ready()
             finally:

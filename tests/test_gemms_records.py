@@ -11,7 +11,8 @@ TRITON = {entry["setup"]: entry for entry in json.loads((RECORDS / "call3/servin
 PROFILE = {entry["setup"]: entry for entry in json.loads((RECORDS / "call2/profile.json").read_text())["setups"]}
 MODES = {entry["setup"]: entry for entry in json.loads((RECORDS / "call5/serving.json").read_text())["setups"]}
 SIDE_BY_SIDE = {entry["setup"]: entry for entry in json.loads((RECORDS / "call6/serving.json").read_text())["setups"]}
-WARMED = {entry["setup"]: entry for entry in json.loads((RECORDS / "call8/serving.json").read_text())["setups"]}
+WARMED_RUN = json.loads((RECORDS / "call8/serving.json").read_text())
+WARMED = {entry["setup"]: entry for entry in WARMED_RUN["setups"]}
 MODES_PROFILE = {entry["setup"]: entry for entry in json.loads((RECORDS / "call5/profile.json").read_text())["setups"]}
 README = " ".join((ROOT / "README.md").read_text().split())
 COMMANDS = " ".join((RECORDS / "COMMANDS.md").read_text().split())
@@ -45,8 +46,7 @@ def share(name, workload):
     return f"{SIDE_BY_SIDE[name]['workloads'][workload]['output_tok_s'] / ceiling:.0%}"
 
 
-def gain(name, workload, over="plugin-256-stock-ops", runs=None):
-    runs = runs or SIDE_BY_SIDE
+def gain(name, workload, over="plugin-256-stock-ops", runs=SIDE_BY_SIDE):
     return f"{runs[name]['workloads'][workload]['output_tok_s'] / runs[over]['workloads'][workload]['output_tok_s']:.2f}x"
 
 
@@ -222,8 +222,7 @@ def test_call8_timed_stocks_ops_first_with_the_sampler_warmed_and_has_no_control
     """call8 (an H100): stock's ops timed first, then the defaults, both verified against stock's unchunked
     reference; the limit cut the control, which COMMANDS.md and docs/gemms.md say. Its table, gains, first
     tokens and prefill steps are the record's, every prefill step a CUDA graph's."""
-    record = json.loads((RECORDS / "call8/serving.json").read_text())
-    assert "NVIDIA H100" in record["stack"]["gpu"] and record["stack"]["flashinfer-python"] == "0.7.2"
+    assert "NVIDIA H100" in WARMED_RUN["stack"]["gpu"] and WARMED_RUN["stack"]["flashinfer-python"] == "0.7.2"
     assert list(WARMED) == ["plugin-256-stock-ops", "plugin-256-defaults"]
     assert "this run has no control" in COMMANDS and "== serving: exit 124" in (RECORDS / "call8/log").read_text()
     stock, defaults = WARMED["plugin-256-stock-ops"], WARMED["plugin-256-defaults"]
@@ -238,7 +237,7 @@ def test_call8_timed_stocks_ops_first_with_the_sampler_warmed_and_has_no_control
             prefill = entry["workloads"][w]["prefill"]
             assert prefill["graph_steps"] == prefill["steps"], (label, w)
             assert f"{prefill['steps']} of {prefill['steps']}" in COMMANDS
-    assert record["outputs_compared"]["plugin-256-defaults"] == {
+    assert WARMED_RUN["outputs_compared"]["plugin-256-defaults"] == {
         "against": "plugin-256-stock-ops", "agree": True, "rl": "128/128 requests identical", "agent": "64/64 requests identical"}
     rl, agents = (gain("plugin-256-defaults", w, runs=WARMED) for w in ("rl", "agent"))
     assert f"The defaults served {rl} the rollouts and {agents} the agents of stock's ops" in COMMANDS
