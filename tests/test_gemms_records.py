@@ -1,5 +1,6 @@
 """Every figure the README and benchmarks/logs/gemms_h200/COMMANDS.md give for issue 47's serving and
-profile runs (call2, call3, call5, call6, call8) and the GPU bits tests (call4, call5, call6), read from their records."""
+profile runs (call2, call3, call5, call6, call8, call9), the GPU bits tests (call4, call5, call6, call9) and the split-K
+probe (call9), read from their records."""
 
 import json
 import pathlib
@@ -252,3 +253,48 @@ def test_call8_timed_stocks_ops_first_with_the_sampler_warmed_and_has_no_control
     unwarmed = SIDE_BY_SIDE["plugin-256-stock-ops"]["workloads"]["rl"]
     assert (f"after {first:.2f} s (call6, timed first without the sampled warm-up: {unwarmed['ttft_p50_s']:.2f} s, "
             f"{unwarmed['output_tok_s']:,.1f} rollout tok/s)") in COMMANDS
+
+
+def test_call9s_probe_keeps_the_tiles_and_its_fast_server_and_bits_are_the_records():
+    """call9 (an H100): the probe's tiles against fast mode's default launch, row by row and summed at M=1;
+    fast mode's bits (7 of 8, none failed); fast mode served beside the control, which failed verify."""
+    probe = json.loads((RECORDS / "call9/probe_split_k.json").read_text())
+    assert probe["complete"] and all(probe["verdict"].values()) and "H100" in probe["environment"]["gpu"]
+    tiled = [(t["fast_s"], t[f"split_{shape['fast_mode']['splits']}_s"]) for shape in probe["shapes"]
+             for t in shape["timed"].values() if t["fast_tile"]]
+    faster = sum(fast < default for fast, default in tiled)
+    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
+    assert f"faster than the default launch at {faster} of the {len(tiled)} timed rows where a tile ran" in docs
+    assert f"Of the {len(tiled)} timed rows where a tile ran, it was faster at {faster}" in COMMANDS
+
+    def summed_at_1(key):
+        return sum(shape["timed"]["1"][key(shape)] for shape in probe["shapes"]) * 1e6
+
+    fast, default = summed_at_1(lambda s: "fast_s"), summed_at_1(lambda s: f"split_{s['fast_mode']['splits']}_s")
+    tuned, cublas = summed_at_1(lambda s: "tuned_s"), summed_at_1(lambda s: "cublas_s")
+    assert f"M=1: {fast:.1f} µs against {default:.1f} (cuBLAS {cublas:.1f}, so fast mode {fast / cublas:.2f}x it" in docs
+    assert (f"{fast:.1f} µs, its default launch {default:.1f}, the per-M configs (stock's bits) {tuned:.1f}, "
+            f"cuBLAS {cublas:.1f}: {fast / cublas:.2f}x cuBLAS" in COMMANDS)
+    bits = (RECORDS / "call9/gemm-bits.log").read_text()
+    assert "7 passed" in bits and "failed" not in bits
+    run = json.loads((RECORDS / "call9/serving.json").read_text())
+    setups = {entry["setup"]: entry for entry in run["setups"]}
+    assert list(setups) == ["plugin-256-fast", "nondet-256-control"] and "H100" in run["stack"]["gpu"]
+    fast_server, control = setups["plugin-256-fast"], setups["nondet-256-control"]
+    assert fast_server["env"] == {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_FAST_GEMMS": "1"}
+    assert fast_server["verify_ok"] and identical_per_pass(fast_server) == "36 of 36"
+    assert fast_server["verify"]["recorded"].endswith("baseline-flashinfer-fast.json")
+    mixed = control["verify"]["workloads"]["mixed"]["passes"]
+    assert not control["verify_ok"] and {p["identical"] for p in mixed.values()} == {0}
+    for entry, label in ((fast_server, "fast mode (`SGLANG_CHUNK_ALIGN_FAST_GEMMS=1`), **timed first**"),
+                         (control, "control: non-deterministic flashinfer")):
+        rl, agents = (entry["workloads"][w] for w in ("rl", "agent"))
+        assert f"| {label} | {rl['output_tok_s']:,.1f} | {rl['ttft_p50_s']:.2f} s | {agents['output_tok_s']:,.1f} |" in COMMANDS
+        for w in ("rl", "agent"):
+            prefill = entry["workloads"][w]["prefill"]
+            assert prefill["graph_steps"] == prefill["steps"] and f"{prefill['steps']} of {prefill['steps']}" in COMMANDS
+    rl, agents = (gain("plugin-256-fast", w, over="nondet-256-control", runs=setups) for w in ("rl", "agent"))
+    assert f"Fast mode served {rl} the control's rollouts and {agents} its agents" in COMMANDS
+    assert (f"it served {tok(fast_server['workloads']['rl']['output_tok_s'])} rollout and "
+            f"{tok(fast_server['workloads']['agent']['output_tok_s'])} agent tok/s, {rl} and {agents} "
+            "non-deterministic flashinfer's in the same run") in docs
