@@ -37,6 +37,20 @@ def identical_per_pass(entry):
     return f"{identical} of {requests}"
 
 
+def timed_row(entry, label):
+    """The start of a COMMANDS.md serving table's row: rollouts, their first token, agents."""
+    rl, agents = (entry["workloads"][w] for w in ("rl", "agent"))
+    return f"| {label} | {rl['output_tok_s']:,.1f} | {rl['ttft_p50_s']:.2f} s | {agents['output_tok_s']:,.1f} |"
+
+
+def assert_every_prefill_replayed_a_graph(entry, label):
+    """Every prefill step of both workloads a CUDA graph's, each "N of N" in COMMANDS.md."""
+    for w in ("rl", "agent"):
+        prefill = entry["workloads"][w]["prefill"]
+        assert prefill["graph_steps"] == prefill["steps"], (label, w)
+        assert f"{prefill['steps']} of {prefill['steps']}" in COMMANDS
+
+
 def profiled_ms(name, category="total", profile=PROFILE, scenario="decode"):
     """A profiled step's GPU time in one category (ms, as the tables print it)."""
     return f"{profile[name]['scenarios'][scenario]['breakdown_ms_per_step'][category]:.2f}"
@@ -231,13 +245,8 @@ def test_call8_timed_stocks_ops_first_with_the_sampler_warmed_and_has_no_control
     for entry, label in ((stock, "stock's GEMM config and RMSNorm, **timed first**"), (defaults, "the plugin's defaults")):
         assert entry["verify_ok"] and identical_per_pass(entry) == "36 of 36"
         assert entry["verify"]["recorded"].endswith("baseline-flashinfer.json")
-        rl, agents = (entry["workloads"][w] for w in ("rl", "agent"))
-        assert (f"| {label} | {rl['output_tok_s']:,.1f} | {rl['ttft_p50_s']:.2f} s | {agents['output_tok_s']:,.1f} | "
-                "36 of 36 identical in both passes, against stock's unchunked flashinfer |") in COMMANDS
-        for w in ("rl", "agent"):
-            prefill = entry["workloads"][w]["prefill"]
-            assert prefill["graph_steps"] == prefill["steps"], (label, w)
-            assert f"{prefill['steps']} of {prefill['steps']}" in COMMANDS
+        assert f"{timed_row(entry, label)} 36 of 36 identical in both passes, against stock's unchunked flashinfer |" in COMMANDS
+        assert_every_prefill_replayed_a_graph(entry, label)
     assert WARMED_RUN["outputs_compared"]["plugin-256-defaults"] == {
         "against": "plugin-256-stock-ops", "agree": True, "rl": "128/128 requests identical", "agent": "64/64 requests identical"}
     rl, agents = (gain("plugin-256-defaults", w, runs=WARMED) for w in ("rl", "agent"))
@@ -260,7 +269,11 @@ def test_call9s_probe_keeps_the_tiles_and_its_fast_server_and_bits_are_the_recor
     fast mode's bits (7 of 8, none failed); fast mode served beside the control, which failed verify."""
     probe = json.loads((RECORDS / "call9/probe_split_k.json").read_text())
     assert probe["complete"] and all(probe["verdict"].values()) and "H100" in probe["environment"]["gpu"]
-    tiled = [(t["fast_s"], t[f"split_{shape['fast_mode']['splits']}_s"]) for shape in probe["shapes"]
+
+    def default_launch(shape):
+        return f"split_{shape['fast_mode']['splits']}_s"
+
+    tiled = [(t["fast_s"], t[default_launch(shape)]) for shape in probe["shapes"]
              for t in shape["timed"].values() if t["fast_tile"]]
     faster = sum(fast < default for fast, default in tiled)
     docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
@@ -270,7 +283,7 @@ def test_call9s_probe_keeps_the_tiles_and_its_fast_server_and_bits_are_the_recor
     def summed_at_1(key):
         return sum(shape["timed"]["1"][key(shape)] for shape in probe["shapes"]) * 1e6
 
-    fast, default = summed_at_1(lambda s: "fast_s"), summed_at_1(lambda s: f"split_{s['fast_mode']['splits']}_s")
+    fast, default = summed_at_1(lambda s: "fast_s"), summed_at_1(default_launch)
     tuned, cublas = summed_at_1(lambda s: "tuned_s"), summed_at_1(lambda s: "cublas_s")
     assert f"M=1: {fast:.1f} µs against {default:.1f} (cuBLAS {cublas:.1f}, so fast mode {fast / cublas:.2f}x it" in docs
     assert (f"{fast:.1f} µs, its default launch {default:.1f}, the per-M configs (stock's bits) {tuned:.1f}, "
@@ -288,11 +301,8 @@ def test_call9s_probe_keeps_the_tiles_and_its_fast_server_and_bits_are_the_recor
     assert not control["verify_ok"] and {p["identical"] for p in mixed.values()} == {0}
     for entry, label in ((fast_server, "fast mode (`SGLANG_CHUNK_ALIGN_FAST_GEMMS=1`), **timed first**"),
                          (control, "control: non-deterministic flashinfer")):
-        rl, agents = (entry["workloads"][w] for w in ("rl", "agent"))
-        assert f"| {label} | {rl['output_tok_s']:,.1f} | {rl['ttft_p50_s']:.2f} s | {agents['output_tok_s']:,.1f} |" in COMMANDS
-        for w in ("rl", "agent"):
-            prefill = entry["workloads"][w]["prefill"]
-            assert prefill["graph_steps"] == prefill["steps"] and f"{prefill['steps']} of {prefill['steps']}" in COMMANDS
+        assert timed_row(entry, label) in COMMANDS
+        assert_every_prefill_replayed_a_graph(entry, label)
     rl, agents = (gain("plugin-256-fast", w, over="nondet-256-control", runs=setups) for w in ("rl", "agent"))
     assert f"Fast mode served {rl} the control's rollouts and {agents} its agents" in COMMANDS
     assert (f"it served {tok(fast_server['workloads']['rl']['output_tok_s'])} rollout and "
