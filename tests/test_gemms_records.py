@@ -1,5 +1,5 @@
 """Every figure the README and benchmarks/logs/gemms_h200/COMMANDS.md give for issue 47's serving and
-profile runs (call2, call3, call5, call6, call8, call9), the GPU bits tests (call4, call5, call6, call9) and the split-K
+profile runs (call2, call3, call5, call6, call8, call9, call10), the GPU bits tests (call4, call5, call6, call9, call10) and the split-K
 probe (call9), read from their records."""
 
 import json
@@ -308,3 +308,41 @@ def test_call9s_probe_keeps_the_tiles_and_its_fast_server_and_bits_are_the_recor
     assert (f"it served {tok(fast_server['workloads']['rl']['output_tok_s'])} rollout and "
             f"{tok(fast_server['workloads']['agent']['output_tok_s'])} agent tok/s, {rl} and {agents} "
             "non-deterministic flashinfer's in the same run") in docs
+
+
+def test_call10_served_both_modes_beside_the_control_and_its_cost_is_the_records():
+    """call10 (an H100): the defaults, the control and fast mode in one run, each deterministic setup verified
+    against its own unchunked reference, the control failing; determinism's cost with each mode as the README,
+    docs/gemms.md and COMMANDS.md give it; the fp16 down tile test, the one call9 cut, passed."""
+    run = json.loads((RECORDS / "call10/serving.json").read_text())
+    setups = {entry["setup"]: entry for entry in run["setups"]}
+    assert list(setups) == ["plugin-256-defaults", "nondet-256-control", "plugin-256-fast"]
+    assert "NVIDIA H100" in run["stack"]["gpu"] and run["stack"]["flashinfer-python"] == "0.7.2"
+    defaults, control, fast = (setups[name] for name in setups)
+    for entry, reference in ((defaults, "baseline-flashinfer.json"), (fast, "baseline-flashinfer-fast.json")):
+        assert entry["verify_ok"] and identical_per_pass(entry) == "36 of 36"
+        assert entry["verify"]["recorded"].endswith(reference)
+    assert not control["verify_ok"] and identical_per_pass(control) == "0 of 36"
+    for entry, label in ((defaults, "the plugin's defaults, **timed first**"), (control, "control: non-deterministic flashinfer"),
+                         (fast, "fast mode (`SGLANG_CHUNK_ALIGN_FAST_GEMMS=1`)")):
+        assert timed_row(entry, label) in COMMANDS
+        assert_every_prefill_replayed_a_graph(entry, label)
+    cost = {name: [gain("nondet-256-control", w, over=name, runs=setups) for w in ("rl", "agent")]
+            for name in ("plugin-256-defaults", "plugin-256-fast")}
+    (defaults_rl, defaults_agents), (fast_rl, fast_agents) = cost.values()
+    assert (f"determinism cost {defaults_rl} on rollouts and {defaults_agents} on agents with the defaults "
+            f"(stock's bits), {fast_rl} and {fast_agents} in fast mode") in COMMANDS
+    assert (f"**determinism costs {defaults_rl} on rollouts and {defaults_agents} on agents with the defaults, "
+            f"{fast_rl} and {fast_agents} with fast GEMMs**") in README
+    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
+    assert (f"So determinism costs {defaults_rl} on rollouts and {defaults_agents} on agents with the defaults, "
+            f"{fast_rl} and {fast_agents} in fast mode") in docs
+    for entry in (defaults, fast, control):
+        figures = f"{tok(entry['workloads']['rl']['output_tok_s'])} / {tok(entry['workloads']['agent']['output_tok_s'])}"
+        assert figures in README and figures in docs
+    over_defaults = [gain("plugin-256-fast", w, over="plugin-256-defaults", runs=setups) for w in ("rl", "agent")]
+    assert "Fast mode served {} the defaults' rollouts and {} their agents".format(*over_defaults) in COMMANDS
+    assert "served {} the defaults' rollouts and {} their agents".format(*over_defaults) in docs
+    kept = next(line for line in fast["plugin_lines"] if "one program per tile" in line)
+    assert "bfloat16 3584x3584: M 129-256; bfloat16 3584x18944: M 129-256; bfloat16 4608x3584 +bias: none" in kept
+    assert "1 passed, 21 deselected" in (RECORDS / "call10/gemm-bits.log").read_text()
