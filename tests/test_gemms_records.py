@@ -1,6 +1,6 @@
 """Every figure the README and benchmarks/logs/gemms_h200/COMMANDS.md give for issue 47's serving and
-profile runs (call2, call3, call5, call6, call8, call9, call10), the GPU bits tests (call4, call5, call6, call9, call10) and the split-K
-probe (call9), read from their records."""
+profile runs (call2, call3, call5, call6, call8, call9, call10), the GPU bits tests (call4, call5, call6,
+call9, call10) and the split-K probe (call9), read from their records."""
 
 import json
 import pathlib
