@@ -362,3 +362,37 @@ def test_docs_gemms_weighs_the_other_ops_by_call5s_profile():
         return sum(k["us"] for name, k in kernels.items() if "SoftMaxForward" in name)
 
     assert abs(softmax_us("plugin-256-defaults") / softmax_us("nondet-256") - 1) < 0.02
+
+
+def test_docs_gemms_weighs_both_modes_against_the_issues_goals():
+    """Each figure of docs/gemms.md's goals table, from call1's micro run, call5's profile, call6's serving and
+    call9's probe."""
+    micro = json.loads((RECORDS / "call1/gemm_configs.json").read_text())
+    timed = {(s["shape"]["dtype"], s["shape"]["n"], s["shape"]["k"], bool(s["shape"].get("bias"))): s["timed"]
+             for s in micro["shapes"]}
+    per_model = {}
+    for gemm in micro["results"]:
+        dtype, size, *bias = gemm["shape"].split()
+        n, k = map(int, size.split("x"))
+        for m, t in timed[(dtype, n, k, bool(bias))].items():
+            sums = per_model.setdefault((gemm["model"], dtype, int(m)), [0.0, 0.0])
+            sums[0] += t["tuned_s"] * gemm["per_decode_step"]
+            sums[1] += t["cublas_s"] * gemm["per_decode_step"]
+    assert {m for _, _, m in per_model} == {1, 8, 16, 32, 64, 128, 256} and len({k[:2] for k in per_model}) == 12
+    worst = max(tuned / cublas for tuned, cublas in per_model.values())
+    probe = json.loads((RECORDS / "call9/probe_split_k.json").read_text())
+    fast_at_1 = (sum(s["timed"]["1"]["fast_s"] for s in probe["shapes"])
+                 / sum(s["timed"]["1"]["cublas_s"] for s in probe["shapes"]))
+    decode = {name: MODES_PROFILE[name]["scenarios"]["decode"]["breakdown_ms_per_step"]
+              for name in ("plugin-256-defaults", "plugin-256-fast", "nondet-256")}
+    fast_gemms = decode["plugin-256-fast"]["gemm"] / decode["nondet-256"]["gemm"]  # the non-deterministic server's: cuBLAS
+    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
+    assert (f"| at most {worst:.2f}x: a decode step's GEMMs per model, six families, bf16 and fp16, M 1-256 (call1) "
+            f"| {fast_gemms:.2f}x at batch 64 (call5), but {fast_at_1:.2f}x at M=1 over qkv, o and down (call9): "
+            "**missed** |") in docs
+    assert worst <= 1.8 and fast_gemms <= 1.3 < fast_at_1
+    assert (f"| {profiled_ms('plugin-256-defaults', profile=MODES_PROFILE)} ms (call5) "
+            f"| {profiled_ms('plugin-256-fast', profile=MODES_PROFILE)} ms (call5): **missed**; non-deterministic "
+            f"{profiled_ms('nondet-256', profile=MODES_PROFILE)} |") in docs
+    assert (f"| agents' tok/s over stock's ops (1.25x / 1.5x) | {gain('plugin-256-defaults', 'agent')} (call6) "
+            f"| {gain('plugin-256-fast', 'agent')} (call6) |") in docs
