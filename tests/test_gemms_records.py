@@ -339,6 +339,9 @@ def test_call10_served_both_modes_beside_the_control_and_its_cost_is_the_records
             f"{fast_rl} and {fast_agents} in fast mode") in docs
     for entry in (defaults, fast, control):
         assert f"{tok(entry['workloads']['rl']['output_tok_s'])} / {tok(entry['workloads']['agent']['output_tok_s'])}" in docs
+    for entry in (defaults, fast):
+        shares = [entry["workloads"][w]["output_tok_s"] / control["workloads"][w]["output_tok_s"] for w in ("rl", "agent")]
+        assert "{} / {} | {:.0%} / {:.0%} |".format(*tok_s(entry), *shares) in docs
     over_defaults = [gain("plugin-256-fast", w, over="plugin-256-defaults", runs=setups) for w in ("rl", "agent")]
     assert "Fast mode served {} the defaults' rollouts and {} their agents".format(*over_defaults) in COMMANDS
     assert "served {} the defaults' rollouts and {} their agents".format(*over_defaults) in docs
