@@ -5,6 +5,9 @@ call9, call10) and the split-K probe (call9), read from their records."""
 import json
 import pathlib
 
+from benchmarks.gemm_configs import decode_step_gemms
+from benchmarks.random_checkpoint import describe
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "benchmarks/logs/gemms_h200"
 SERVING = {entry["setup"]: entry for entry in json.loads((RECORDS / "call2/serving.json").read_text())["setups"]}
@@ -17,6 +20,7 @@ WARMED = {entry["setup"]: entry for entry in WARMED_RUN["setups"]}
 MODES_PROFILE = {entry["setup"]: entry for entry in json.loads((RECORDS / "call5/profile.json").read_text())["setups"]}
 README = " ".join((ROOT / "README.md").read_text().split())
 COMMANDS = " ".join((RECORDS / "COMMANDS.md").read_text().split())
+DOCS = " ".join((ROOT / "docs/gemms.md").read_text().split())
 
 
 def tok(value):
@@ -51,9 +55,14 @@ def assert_every_prefill_replayed_a_graph(entry, label):
         assert f"{prefill['steps']} of {prefill['steps']}" in COMMANDS
 
 
+def breakdown(name, profile=PROFILE, scenario="decode"):
+    """A profiled step's GPU time per category, in ms."""
+    return profile[name]["scenarios"][scenario]["breakdown_ms_per_step"]
+
+
 def profiled_ms(name, category="total", profile=PROFILE, scenario="decode"):
     """A profiled step's GPU time in one category (ms, as the tables print it)."""
-    return f"{profile[name]['scenarios'][scenario]['breakdown_ms_per_step'][category]:.2f}"
+    return f"{breakdown(name, profile, scenario)[category]:.2f}"
 
 
 def share(name, workload):
@@ -116,17 +125,16 @@ def test_call6s_table_and_gains_are_the_records():
 
 
 def test_docs_gemms_gives_call6s_figures():
-    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
     rl, agents = ([tok(SIDE_BY_SIDE[name]["workloads"][w]["output_tok_s"])
                    for name in ("plugin-256-stock-ops", "plugin-256-defaults", "plugin-256-fast")] for w in ("rl", "agent"))
     ceiling = tok_s(SIDE_BY_SIDE["nondet-256-control"])
     assert (f"rollouts {rl[0]}, {rl[1]} and {rl[2]} tok/s, agents {agents[0]}, {agents[1]} and {agents[2]} "
             f"(non-deterministic {ceiling[0]} and {ceiling[1]}): the defaults {gain('plugin-256-defaults', 'rl')} and "
             f"{gain('plugin-256-defaults', 'agent')} stock's ops with every answer the same, fast mode "
-            f"{gain('plugin-256-fast', 'rl')} and {gain('plugin-256-fast', 'agent')}") in docs
+            f"{gain('plugin-256-fast', 'rl')} and {gain('plugin-256-fast', 'agent')}") in DOCS
     over = "plugin-256-defaults"
     assert (f"it served {gain('plugin-256-fast', 'rl', over)} their rollouts and "
-            f"{gain('plugin-256-fast', 'agent', over)} their agents") in docs
+            f"{gain('plugin-256-fast', 'agent', over)} their agents") in DOCS
 
 
 def test_call6s_landed_norm_test_passed():
@@ -219,8 +227,7 @@ def test_docs_gemms_gives_call7s_tiles_from_its_record():
     with tarfile.open(RECORDS / "call7/logs.tgz") as logs:
         fast_log = logs.extractfile("g7/serving-logs/plugin-256-fast.log").read().decode()
     tiles_line = next(line for line in fast_log.splitlines() if "fast GEMMs run one program per tile" in line)
-    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
-    assert tiles_line.partition("] ")[2] in docs
+    assert tiles_line.partition("] ")[2] in DOCS
     tiled = {entry["setup"]: entry for entry in json.loads((RECORDS / "call7/serving.json").read_text())["setups"]}
     fast = tiled["plugin-256-fast"]
     assert fast["env"] == {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_FAST_GEMMS": "1"}
@@ -229,7 +236,7 @@ def test_docs_gemms_gives_call7s_tiles_from_its_record():
     rollouts = [SIDE_BY_SIDE["plugin-256-fast"]["workloads"]["rl"], fast["workloads"]["rl"]]
     assert (f"rollouts {tok(rollouts[1]['output_tok_s'])} tok/s, first token after {rollouts[1]['ttft_p50_s']:.2f} s, "
             f"where call6's fast server without tiles got {tok(rollouts[0]['output_tok_s'])} and the same "
-            f"{rollouts[0]['ttft_p50_s']:.2f} s") in docs
+            f"{rollouts[0]['ttft_p50_s']:.2f} s") in DOCS
     assert "3 passed" in (RECORDS / "call7/gemm-bits.log").read_text()
 
 
@@ -251,13 +258,12 @@ def test_call8_timed_stocks_ops_first_with_the_sampler_warmed_and_has_no_control
         "against": "plugin-256-stock-ops", "agree": True, "rl": "128/128 requests identical", "agent": "64/64 requests identical"}
     rl, agents = (gain("plugin-256-defaults", w, runs=WARMED) for w in ("rl", "agent"))
     assert f"The defaults served {rl} the rollouts and {agents} the agents of stock's ops" in COMMANDS
-    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
     first = stock["workloads"]["rl"]["ttft_p50_s"]
     assert (f"call8 timed stock's ops first (first token after {first:.2f} s, no stall in a timed request) and the "
             f"defaults served {rl} their rollouts ({tok(defaults['workloads']['rl']['output_tok_s'])} against "
             f"{tok(stock['workloads']['rl']['output_tok_s'])} tok/s) and {agents} their agents "
-            f"({tok(defaults['workloads']['agent']['output_tok_s'])} against {tok(stock['workloads']['agent']['output_tok_s'])})") in docs
-    assert "call8 has no control" in docs
+            f"({tok(defaults['workloads']['agent']['output_tok_s'])} against {tok(stock['workloads']['agent']['output_tok_s'])})") in DOCS
+    assert "call8 has no control" in DOCS
     assert f"(call8: stock's ops timed first, first token after {first:.2f} s)" in README
     unwarmed = SIDE_BY_SIDE["plugin-256-stock-ops"]["workloads"]["rl"]
     assert (f"after {first:.2f} s (call6, timed first without the sampled warm-up: {unwarmed['ttft_p50_s']:.2f} s, "
@@ -276,8 +282,7 @@ def test_call9s_probe_keeps_the_tiles_and_its_fast_server_and_bits_are_the_recor
     tiled = [(t["fast_s"], t[default_launch(shape)]) for shape in probe["shapes"]
              for t in shape["timed"].values() if t["fast_tile"]]
     faster = sum(fast < default for fast, default in tiled)
-    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
-    assert f"faster than the default launch at {faster} of the {len(tiled)} timed rows where a tile ran" in docs
+    assert f"faster than the default launch at {faster} of the {len(tiled)} timed rows where a tile ran" in DOCS
     assert f"Of the {len(tiled)} timed rows where a tile ran, it was faster at {faster}" in COMMANDS
 
     def summed_at_1(key):
@@ -285,7 +290,7 @@ def test_call9s_probe_keeps_the_tiles_and_its_fast_server_and_bits_are_the_recor
 
     fast, default = summed_at_1(lambda s: "fast_s"), summed_at_1(default_launch)
     tuned, cublas = summed_at_1(lambda s: "tuned_s"), summed_at_1(lambda s: "cublas_s")
-    assert f"M=1: {fast:.1f} µs against {default:.1f} (cuBLAS {cublas:.1f}, so fast mode {fast / cublas:.2f}x it" in docs
+    assert f"M=1: {fast:.1f} µs against {default:.1f} (cuBLAS {cublas:.1f}, so fast mode {fast / cublas:.2f}x it" in DOCS
     assert (f"{fast:.1f} µs, its default launch {default:.1f}, the per-M configs (stock's bits) {tuned:.1f}, "
             f"cuBLAS {cublas:.1f}: {fast / cublas:.2f}x cuBLAS" in COMMANDS)
     bits = (RECORDS / "call9/gemm-bits.log").read_text()
@@ -293,6 +298,7 @@ def test_call9s_probe_keeps_the_tiles_and_its_fast_server_and_bits_are_the_recor
     run = json.loads((RECORDS / "call9/serving.json").read_text())
     setups = {entry["setup"]: entry for entry in run["setups"]}
     assert list(setups) == ["plugin-256-fast", "nondet-256-control"] and "H100" in run["stack"]["gpu"]
+    assert run["weights"] == describe(0)
     fast_server, control = setups["plugin-256-fast"], setups["nondet-256-control"]
     assert fast_server["env"] == {"SGLANG_PLUGINS": "chunk_align", "SGLANG_CHUNK_ALIGN_FAST_GEMMS": "1"}
     assert fast_server["verify_ok"] and identical_per_pass(fast_server) == "36 of 36"
@@ -307,7 +313,7 @@ def test_call9s_probe_keeps_the_tiles_and_its_fast_server_and_bits_are_the_recor
     assert f"Fast mode served {rl} the control's rollouts and {agents} its agents" in COMMANDS
     assert (f"it served {tok(fast_server['workloads']['rl']['output_tok_s'])} rollout and "
             f"{tok(fast_server['workloads']['agent']['output_tok_s'])} agent tok/s, {rl} and {agents} "
-            "non-deterministic flashinfer's in the same run") in docs
+            "non-deterministic flashinfer's in the same run") in DOCS
 
 
 def test_call10_served_both_modes_beside_the_control_and_its_cost_is_the_records():
@@ -318,6 +324,7 @@ def test_call10_served_both_modes_beside_the_control_and_its_cost_is_the_records
     setups = {entry["setup"]: entry for entry in run["setups"]}
     assert list(setups) == ["plugin-256-defaults", "nondet-256-control", "plugin-256-fast"]
     assert "NVIDIA H100" in run["stack"]["gpu"] and run["stack"]["flashinfer-python"] == "0.7.2"
+    assert run["weights"] == describe(0)  # well-scaled, where a last-bit difference shows
     defaults, control, fast = (setups[name] for name in setups)
     for entry, reference in ((defaults, "baseline-flashinfer.json"), (fast, "baseline-flashinfer-fast.json")):
         assert entry["verify_ok"] and identical_per_pass(entry) == "36 of 36"
@@ -327,24 +334,23 @@ def test_call10_served_both_modes_beside_the_control_and_its_cost_is_the_records
                          (fast, "fast mode (`SGLANG_CHUNK_ALIGN_FAST_GEMMS=1`)")):
         assert timed_row(entry, label) in COMMANDS
         assert_every_prefill_replayed_a_graph(entry, label)
-    cost = {name: [gain("nondet-256-control", w, over=name, runs=setups) for w in ("rl", "agent")]
-            for name in ("plugin-256-defaults", "plugin-256-fast")}
-    (defaults_rl, defaults_agents), (fast_rl, fast_agents) = cost.values()
+    defaults_rl, defaults_agents, fast_rl, fast_agents = (gain("nondet-256-control", w, over=name, runs=setups)
+                                                          for name in ("plugin-256-defaults", "plugin-256-fast")
+                                                          for w in ("rl", "agent"))
     assert (f"determinism cost {defaults_rl} on rollouts and {defaults_agents} on agents with the defaults "
             f"(stock's bits), {fast_rl} and {fast_agents} in fast mode") in COMMANDS
     assert (f"**determinism costs {defaults_rl} on rollouts and {defaults_agents} on agents with the defaults, "
             f"{fast_rl} and {fast_agents} with fast GEMMs**") in README
-    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
     assert (f"So determinism costs {defaults_rl} on rollouts and {defaults_agents} on agents with the defaults, "
-            f"{fast_rl} and {fast_agents} in fast mode") in docs
+            f"{fast_rl} and {fast_agents} in fast mode") in DOCS
     for entry in (defaults, fast, control):
-        assert f"{tok(entry['workloads']['rl']['output_tok_s'])} / {tok(entry['workloads']['agent']['output_tok_s'])}" in docs
+        assert f"{tok(entry['workloads']['rl']['output_tok_s'])} / {tok(entry['workloads']['agent']['output_tok_s'])}" in DOCS
     for entry in (defaults, fast):
         shares = [entry["workloads"][w]["output_tok_s"] / control["workloads"][w]["output_tok_s"] for w in ("rl", "agent")]
-        assert "{} / {} | {:.0%} / {:.0%} |".format(*tok_s(entry), *shares) in docs
+        assert "{} / {} | {:.0%} / {:.0%} |".format(*tok_s(entry), *shares) in DOCS
     over_defaults = [gain("plugin-256-fast", w, over="plugin-256-defaults", runs=setups) for w in ("rl", "agent")]
     assert "Fast mode served {} the defaults' rollouts and {} their agents".format(*over_defaults) in COMMANDS
-    assert "served {} the defaults' rollouts and {} their agents".format(*over_defaults) in docs
+    assert "served {} the defaults' rollouts and {} their agents".format(*over_defaults) in DOCS
     kept = next(line for line in fast["plugin_lines"] if "one program per tile" in line)
     assert "bfloat16 3584x3584: M 129-256; bfloat16 3584x18944: M 129-256; bfloat16 4608x3584 +bias: none" in kept
     assert "1 passed, 21 deselected" in (RECORDS / "call10/gemm-bits.log").read_text()
@@ -352,13 +358,12 @@ def test_call10_served_both_modes_beside_the_control_and_its_cost_is_the_records
 
 def test_docs_gemms_weighs_the_other_ops_by_call5s_profile():
     """What a decode step at batch 64 pays for determinism beyond non-deterministic flashinfer's, op by op."""
-    gap = {category: MODES_PROFILE["plugin-256-defaults"]["scenarios"]["decode"]["breakdown_ms_per_step"][category]
-           - MODES_PROFILE["nondet-256"]["scenarios"]["decode"]["breakdown_ms_per_step"][category]
+    defaults, nondet = (breakdown(name, MODES_PROFILE) for name in ("plugin-256-defaults", "nondet-256"))
+    gap = {category: defaults[category] - nondet[category]
            for category in ("total", "gemm", "norm", "sampling", "attention", "rest")}
     assert gap["attention"] < 0 and gap["rest"] < 0
-    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
     assert (f"took {gap['total']:.2f} ms more than non-deterministic flashinfer's: GEMMs {gap['gemm']:.2f} ms of it, "
-            f"norms {gap['norm']:.2f} ms, sampling {gap['sampling']:.2f} ms") in docs
+            f"norms {gap['norm']:.2f} ms, sampling {gap['sampling']:.2f} ms") in DOCS
 
     def softmax_us(setup):
         kernels = MODES_PROFILE[setup]["scenarios"]["decode"]["kernels"]
@@ -371,31 +376,22 @@ def test_docs_gemms_weighs_both_modes_against_the_issues_goals():
     """Each figure of docs/gemms.md's goals table, from call1's micro run, call5's profile, call6's serving and
     call9's probe."""
     micro = json.loads((RECORDS / "call1/gemm_configs.json").read_text())
-    timed = {(s["shape"]["dtype"], s["shape"]["n"], s["shape"]["k"], bool(s["shape"].get("bias"))): s["timed"]
-             for s in micro["shapes"]}
-    per_model = {}
-    for gemm in micro["results"]:
-        dtype, size, *bias = gemm["shape"].split()
-        n, k = map(int, size.split("x"))
-        for m, t in timed[(dtype, n, k, bool(bias))].items():
-            sums = per_model.setdefault((gemm["model"], dtype, int(m)), [0.0, 0.0])
-            sums[0] += t["tuned_s"] * gemm["per_decode_step"]
-            sums[1] += t["cublas_s"] * gemm["per_decode_step"]
-    assert {m for _, _, m in per_model} == {1, 8, 16, 32, 64, 128, 256} and len({k[:2] for k in per_model}) == 12
-    worst = max(tuned / cublas for tuned, cublas in per_model.values())
+    timed_m = set(micro["shapes"][0]["timed"])
+    assert {int(m) for m in timed_m} == {1, 8, 16, 32, 64, 128, 256}
+    steps = [step for m in timed_m for step in decode_step_gemms(micro["results"], micro["shapes"], m).values()]
+    assert len(steps) == 12 * len(timed_m)  # six families, bf16 and fp16, at every M
+    worst = max(step["tuned_s"] / step["cublas_s"] for step in steps)
     probe = json.loads((RECORDS / "call9/probe_split_k.json").read_text())
     fast_at_1 = (sum(s["timed"]["1"]["fast_s"] for s in probe["shapes"])
                  / sum(s["timed"]["1"]["cublas_s"] for s in probe["shapes"]))
-    decode = {name: MODES_PROFILE[name]["scenarios"]["decode"]["breakdown_ms_per_step"]
-              for name in ("plugin-256-defaults", "plugin-256-fast", "nondet-256")}
-    fast_gemms = decode["plugin-256-fast"]["gemm"] / decode["nondet-256"]["gemm"]  # the non-deterministic server's: cuBLAS
-    docs = " ".join((ROOT / "docs/gemms.md").read_text().split())
+    # the non-deterministic server's GEMMs are cuBLAS's
+    fast_gemms = breakdown("plugin-256-fast", MODES_PROFILE)["gemm"] / breakdown("nondet-256", MODES_PROFILE)["gemm"]
     assert (f"| at most {worst:.2f}x: a decode step's GEMMs per model, six families, bf16 and fp16, M 1-256 (call1) "
             f"| {fast_gemms:.2f}x at batch 64 (call5), but {fast_at_1:.2f}x at M=1 over qkv, o and down (call9): "
-            "**missed** |") in docs
+            "**missed** |") in DOCS
     assert worst <= 1.8 and fast_gemms <= 1.3 < fast_at_1
     assert (f"| {profiled_ms('plugin-256-defaults', profile=MODES_PROFILE)} ms (call5) "
             f"| {profiled_ms('plugin-256-fast', profile=MODES_PROFILE)} ms (call5): **missed**; non-deterministic "
-            f"{profiled_ms('nondet-256', profile=MODES_PROFILE)} |") in docs
+            f"{profiled_ms('nondet-256', profile=MODES_PROFILE)} |") in DOCS
     assert (f"| agents' tok/s over stock's ops (1.25x / 1.5x) | {gain('plugin-256-defaults', 'agent')} (call6) "
-            f"| {gain('plugin-256-fast', 'agent')} (call6) |") in docs
+            f"| {gain('plugin-256-fast', 'agent')} (call6) |") in DOCS
