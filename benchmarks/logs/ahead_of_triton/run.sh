@@ -9,30 +9,31 @@
 #
 # The flashinfer release is the machine's: `FI=fi074 source .stage/gpu_prelude.sh` (carry .stage/fi074) for
 # 0.7.4, whose kernel facts take chunk starts anywhere; on CPU that gave Qwen's rollouts triton's prefill steps
-# (benchmarks/README.md, "Prefill steps against triton's"). Planned, one per session (about 15 min each:
+# (benchmarks/README.md, "Prefill steps against triton's"). Planned, one per session (about 18 min each:
 # two references at once with the checkpoint about 3.5 min, non-deterministic flashinfer's kernels compiled
 # beside them (serving.compiled_beside_references: 107 s of call8's control), then about 2 min a setup,
 # call7's pace):
 #   MODEL=qwen2.5-7b on 0.7.4, then on 0.7.2; MODEL=granite-3.1-8b; MODEL=llama-3.2-3b (GQA 3, no record yet).
 # The control is timed too, so it is the non-deterministic ceiling as well (no second non-deterministic
 # server), and it runs second: a run cut short by the limit loses its last setups, never the control
-# (call8's limit cut its control, timed last).
+# (call8's limit cut its control, timed last). Last, and first cut: chunk 1024, then triton with the plugin's
+# GEMM configs per M, which tells triton's attention and scheduling apart from its GEMMs.
 #
-#   usage: OUT=DIR MODEL=NAME [PY=python3] [SETUPS=a,b,...] [LIMIT=1080] bash benchmarks/logs/ahead_of_triton/run.sh
+#   usage: OUT=DIR MODEL=NAME [PY=python3] [SETUPS=a,b,...] [LIMIT=1140] bash benchmarks/logs/ahead_of_triton/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). NAME: a folder
 # of benchmarks/models.
 set -u
 out=${OUT:?OUT: where the results go}
 model=${MODEL:?MODEL: a folder of benchmarks/models}
 py=${PY:-python3}
-limit=${LIMIT:-1080}
+limit=${LIMIT:-1140}
 mkdir -p "$out"
 . benchmarks/logs/gpu_steps.sh
 record_stack ""
 stand_in
 step serving "$limit" $py benchmarks/serving.py --model-path "benchmarks/models/$model" --weights random \
   --checkpoints /tmp/checkpoints \
-  --setups "${SETUPS:-plugin-256-defaults,nondet-256-control,triton-256,stock-4096,plugin-512-defaults}" \
+  --setups "${SETUPS:-plugin-256-defaults,nondet-256-control,triton-256,stock-4096,plugin-512-defaults,plugin-1024-defaults,triton-256-gemms}" \
   --workloads rl,agent --repeat-setups "" --skip-long-prompts --deadline-s $(( limit - 120 )) \
   --out "$out/serving.json" --logs "$out/serving-logs"
 echo "== all steps ended $(date +%T)"
