@@ -1,7 +1,7 @@
 """The second H200 run's records (Qwen2.5-7B's shape, Granite's defaults beside the ceiling, the
 determinism profile) against what README.md, docs/serving.md and benchmarks/README.md say of them,
-figure for figure, and README.md's summary of both shapes. The first run's other figures are
-tests/test_serving_benchmark.py's."""
+figure for figure. The first run's other figures are tests/test_serving_benchmark.py's; the README's
+per-shape table is tests/test_ahead_of_triton_records.py's."""
 
 import json
 import pathlib
@@ -115,29 +115,6 @@ def test_benchmarks_readme_qwen_table_is_the_record():
     assert f"The plugin's defaults against each, in the same run (rl / agent): {said}." in " ".join(BENCH_README.split())
 
 
-# README.md's "Should I use this?" rows: the shape's record and the plugin's setup there.
-SUMMARY = {
-    "Granite-3.1-8B's (GQA 4, head_dim 128), the defaults (chunk 256)": ("granite", "plugin-256-no-wait"),
-    "Granite-3.1-8B's, chunk 1024, decode wait on": ("granite", "plugin-1024"),
-    "Qwen2.5-7B's (GQA 7, head_dim 128), the defaults (chunk 256)": ("qwen", "plugin-256-defaults"),
-}
-
-
-def test_the_readmes_summary_is_each_shapes_record():
-    """README.md: per shape, the plugin's throughput, its ratios to stock and triton, its longest gaps."""
-    recorded = {"granite": {name: workloads for name, (_, workloads) in serving_plot.recorded_setups().items()},
-                "qwen": {name: entry["workloads"] for name, entry in setups(QWEN / "serving.json").items()}}
-    rows = table_after(TOP_README, "| shape, plugin setup")
-    assert set(rows) == set(SUMMARY)
-    for label, (shape, name) in SUMMARY.items():
-        tok_s = {setup: [recorded[shape][setup][w]["output_tok_s"] for w in ("rl", "agent")]
-                 for setup in (name, "stock-4096", "triton-256")}
-        ratios = [" / ".join(f"{p / b:.2f}x" for p, b in zip(tok_s[name], tok_s[base])) for base in ("stock-4096", "triton-256")]
-        assert rows[label][:3] == [" / ".join(map(tok, tok_s[name])), *ratios], label
-        for shown, w in zip(rows[label][3].removesuffix(" s").split(" / "), ("rl", "agent")):
-            assert float(shown) == round(recorded[shape][name][w]["itl_max_s"], len(shown.partition(".")[2])), (label, w)
-
-
 def test_granites_second_run_table_and_cost_are_the_record():
     recorded = setups(GRANITE_SECOND)
     rows = table_after(BENCH_README, "### Granite's second run")
@@ -239,19 +216,23 @@ def test_the_sentences_on_determinisms_cost_are_the_records():
     assert f"a decode step {det['total']:.1f} ms of GPU time against triton's {decode['triton-256']['total']:.1f}" in text
 
 
-def test_the_readme_says_which_setup_each_cited_run_timed_first():
+def test_each_cited_runs_first_timed_setup_is_named():
     """Each run's first timed setup met SGLang's seeded sampler uncompiled in its rollouts (serving.warm_up
-    says why): the README names it for every run its tables cite, with call7's defaults timed first beside
-    call6's timed second."""
-    said = " ".join(TOP_README.split())
+    says why, and now warms it): the README names it for every run its table cites (Granite's first run,
+    issue 48's Qwen run, call6's stock ops in the GEMM bullet), and docs/serving.md sets call7's defaults,
+    timed first, beside call6's, timed second."""
+    readme, doc = " ".join(TOP_README.split()), " ".join(SERVING_DOC.split())
     first = {run: json.loads((LOGS / run / "serving.json").read_text())["setups"][0]["setup"]
-             for run in ("serving_h200_qwen2.5-7b", "serving_h200_granite", "gemms_h200/call6", "gemms_h200/call7")}
+             for run in ("serving_h200_qwen2.5-7b", "serving_h200_granite", "gemms_h200/call6", "gemms_h200/call7",
+                         "ahead_of_triton/qwen2.5-7b-fi074")}
     assert first == {"serving_h200_qwen2.5-7b": "plugin-256-defaults", "serving_h200_granite": "stock-4096",
-                     "gemms_h200/call6": "plugin-256-stock-ops", "gemms_h200/call7": "plugin-256-defaults"}
-    assert ("Timed first: Qwen's defaults (0.94x to triton on rollouts is no measured loss), Granite's stock "
-            "flashinfer (1.81x, 2.05x over it are high), stock's ops below (1.81x).") in said
+                     "gemms_h200/call6": "plugin-256-stock-ops", "gemms_h200/call7": "plugin-256-defaults",
+                     "ahead_of_triton/qwen2.5-7b-fi074": "plugin-256-defaults"}
+    assert "stock flashinfer, timed first, met SGLang's seeded sampler uncompiled, so 2.05x over it is high" in readme
+    assert "The defaults were timed first" in readme and "(1.81x the rollouts, high: timed first;" in readme
+    assert "Granite's stock deterministic flashinfer and Qwen's plugin defaults here" in doc
     first_rl, second_rl = (setups(LOGS / f"gemms_h200/{run}/serving.json")["plugin-256-defaults"]["workloads"]["rl"]
                            for run in ("call7", "call6"))
-    assert (f"call7's defaults, timed first: {tok(first_rl['output_tok_s'])} rollout tok/s, first token after "
-            f"{first_rl['ttft_p50_s']:.2f} s ({tok(second_rl['output_tok_s'])} and {second_rl['ttft_p50_s']:.2f} s "
-            "timed second in call6)") in said
+    assert (f"the same defaults first (call7) and second (call6, `benchmarks/logs/gemms_h200/COMMANDS.md`): "
+            f"{tok(first_rl['output_tok_s'])} against {tok(second_rl['output_tok_s'])} rollout tok/s, a median first "
+            f"token of {first_rl['ttft_p50_s']:.2f} s against {second_rl['ttft_p50_s']:.2f} s") in doc
