@@ -30,6 +30,10 @@ logger = logging.getLogger("sglang_chunk_align")
 
 # The command that measures the installed flashinfer; the WARNING for an unmeasured release names it.
 PROBE_COMMAND = "sglang-chunk-align probe"
+# The command that installs a measured release into SGLang's environment: SGLang 0.5.23 pins
+# flashinfer-python[cu13] 0.7.2 (pip warns of the pin) but starts on 0.7.2 or newer, and served on
+# 0.7.4 (benchmarks/logs/ahead_of_triton).
+INSTALL_COMMAND = "pip install 'flashinfer-python[cu13]=={}'"
 
 
 class KernelFacts(NamedTuple):
@@ -111,6 +115,17 @@ class KernelFacts(NamedTuple):
         if not self.measured:
             return f"flashinfer {self.flashinfer}: the strictest measured kernel facts ({_measured_releases()}): {grid}"
         return f"flashinfer {self.flashinfer} kernel facts, measured: {grid}"
+
+    def grid_remedy(self):
+        """Where this release starts chunks on fa2's q-tile grid and a measured one starts them anywhere:
+        that release and the one command that installs it, in words; else None. The scheduler's startup
+        line and doctor say it beside what the grid costs (radix hits and chunk cuts rounded down to it,
+        128 tokens at odd GQA groups): on Qwen2.5-7B's shape 0.7.4 ran 0.95x triton's prefill steps on
+        rollouts, where the CPU scheduler gives 0.7.2 1.21x (benchmarks/logs/ahead_of_triton)."""
+        anywhere = next((f for f in reversed(FACTS.values()) if f.grid_rows is None), None)
+        if not self.grid_rows or anywhere is None:
+            return None
+        return f"flashinfer {anywhere.flashinfer} starts chunks anywhere: {INSTALL_COMMAND.format(anywhere.flashinfer)}"
 
     def headline(self):
         """describe(), with the shapes the facts were measured at where they were: plan's first line, doctor's."""

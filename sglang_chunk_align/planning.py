@@ -102,13 +102,16 @@ class Rules:
         return self.facts.cta_tile(sum(extend_lens) * self.group // len(extend_lens), self.head_dim)
 
     def describe(self):
-        """The grid in words, for the scheduler's log line and doctor."""
+        """The grid in words, for the scheduler's log line, with what it costs where a chunk start off it
+        is exact on another measured release (KernelFacts.grid_remedy)."""
         packed = (f", {self.packed_chunk}-token linear-attention kernel chunks: one request per prefill batch"
                   if self.packed_chunk else "")
+        anywhere = math.lcm(self.page_size, self.packed_chunk or 1)  # the grid where starts do not matter
+        remedy = self.facts.grid_remedy() if self.grid > anywhere else None
         return (
             f"{self.grid}-token grid, pieces over {self.min_tail - 1} tokens "
             f"(GQA group {self.group}, head_dim {self.head_dim or 'unknown'}, page {self.page_size}{packed}; "
-            f"{self.facts.describe()})"
+            f"{self.facts.describe()})" + (f", to which radix hits and chunk cuts round down ({remedy})" if remedy else "")
         )
 
 

@@ -160,3 +160,15 @@ def test_the_tree_takes_what_prefill_reproduces():
     equal_rows = FI074._replace(decoded_rows_equal=True)
     assert published_len(up_to, prompt, Rules(facts=equal_rows)) == 2100
     assert published_len(up_to, prompt, Rules(group=4, page_size=64, facts=FI072)) == 1984  # lcm(32, 64)
+
+
+def test_the_grid_says_what_it_costs_where_another_measured_release_starts_chunks_anywhere():
+    """0.7.2's start grid rounds radix hits and cuts down (128 tokens at odd groups): its description names
+    0.7.4 and the command that installs it. Not where the page or a Mamba2 scan's chunks make the same grid,
+    and not on 0.7.4."""
+    remedy = "flashinfer 0.7.4 starts chunks anywhere: pip install 'flashinfer-python[cu13]==0.7.4'"
+    assert FI072.grid_remedy() == remedy and FI074.grid_remedy() is None
+    for rules in (Rules(group=7), Rules(group=4, page_size=16), Rules(group=7, packed_chunk=64)):
+        assert rules.describe().endswith(f"), to which radix hits and chunk cuts round down ({remedy})"), rules
+    for rules in (Rules(group=8, page_size=16), Rules(group=1, packed_chunk=256), Rules(group=7, facts=FI074)):
+        assert "round down" not in rules.describe(), rules

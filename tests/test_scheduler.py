@@ -175,6 +175,8 @@ def test_rules_take_the_grid_from_the_planned_heads_and_log_it(plugin, caplog):
     assert (
         "grid rules on: 32-token grid, pieces over 16 tokens (GQA group 4, head_dim 128, page 16; "
         f"{installed_facts().describe()}), "  # SGLang 0.5.23 pins flashinfer 0.7.2 (measured), 0.5.22 0.7.1 (not)
+        "to which radix hits and chunk cuts round down (flashinfer 0.7.4 starts chunks anywhere: "
+        "pip install 'flashinfer-python[cu13]==0.7.4'), "  # both start chunks on the grid
         "from FlashInferAttnBackend.indices_updater_prefill: 32 q / 8 KV heads, head_dim 128; "
         "split attention on: one fa2 call per tile class"
     ) in caplog.text

@@ -248,6 +248,7 @@ def run_doctor():
         "decode_wait": None,
         "grid_rules": None,
         "grid": None,
+        "grid_cost": None,
         "kernel_facts": None,
         "problems": [],
         "warnings": [RAY_WARNING] if importlib.util.find_spec("ray") else [],
@@ -362,6 +363,9 @@ def _check_release(report, version, facts):
             grid=f"{rows}/gcd({rows}, GQA group) tokens" if rows else "the KV page (chunk starts anywhere)",
             fallback=f"{rows} tokens" if rows else "the page",
         )
+        remedy = None if rules_off else facts.grid_remedy()
+        report["grid_cost"] = remedy and (
+            f"radix hits and chunk cuts round down to the grid ({rows} tokens at odd GQA groups); {remedy}")
     if applied:
         report["backends"] = declared_alignments()
         expected = facts.chunk_align
@@ -438,6 +442,8 @@ def format_doctor(report):
         lines.append(f"  grid rules           {report['grid_rules']}")
         if report["grid"]:
             lines.append(f"  grid                 {report['grid']}")
+        if report["grid_cost"]:
+            lines.append(f"  grid cost            {report['grid_cost']}")
         lines.append("patch points:")
     lines += [
         f"  [{p['status']}] {p['name']}  ({p['versions'] or 'all releases'}: {p['reason']})" for p in report["patch_points"]
