@@ -290,6 +290,18 @@ def test_plan_command_shows_both_schedules_and_flags_hazards():
     assert "[   896,   1152)  tile 128  ok" in unknown_group.stdout  # group 1: the 128-token grid
 
 
+def test_plan_command_says_what_the_grid_costs_and_which_release_starts_chunks_anywhere():
+    """At GQA 7 flashinfer 0.7.2's grid is 128 tokens: plan names 0.7.4 and its install command; on 0.7.4 the
+    grid is the page, and nothing is said."""
+    said = "to which radix hits and chunk cuts round down (flashinfer 0.7.4 starts chunks anywhere: pip install"
+    for release, costs in (("0.7.2", True), ("0.7.4", False)):
+        args = ("plan", "--prompt-len", "2500", "--cached", "1000", "--chunk", "256", "--group", "7", "--flashinfer", release)
+        grid = next(line for line in _cli(*args).stdout.splitlines() if line.startswith("grid rules: "))
+        assert grid.startswith(f"grid rules: {128 if costs else 1}-token grid, pieces over 9 tokens (GQA group 7")
+        assert (said in grid) == costs
+        assert json.loads(_cli(*args, "--json").stdout)["grid_rules"] == grid.removeprefix("grid rules: ")
+
+
 def test_plan_command_json_shows_the_short_final_piece_riding_along_at_chunk_128():
     result = _cli("plan", "--prompt-len", "1040", "--chunk", "128", "--json")
     assert result.returncode == 0, result.stderr

@@ -196,13 +196,15 @@ def run_plan(planner, args):
     warnings = list(filter(None, [facts.shape_warning(group, head_dim)]))
     if args.json:
         print(json.dumps(
-            {**{name: [c._asdict() for c in chunks] for name, chunks in schedules.items()}, "warnings": warnings},
+            {**{name: [c._asdict() for c in chunks] for name, chunks in schedules.items()}, "warnings": warnings,
+             "grid_rules": rules.describe()},
             indent=2,
         ))
     else:
         print(facts.headline())
         for warning in warnings:
             print(f"WARNING: {warning}")
+        print(f"grid rules: {rules.describe()}")
         if args.chunk is None:
             print("chunked prefill off: one piece from the reused prefix to the end")
         for name, chunks in schedules.items():
