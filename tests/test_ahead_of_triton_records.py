@@ -157,6 +157,18 @@ def test_cpu_scheduling_predicted_the_agents_steps_exactly():
             predicted[key]["prefill_steps"], predicted[key]["radix_hit_tokens"], predicted[key]["prefilled_tokens"]), name
 
 
+def test_the_benchmarks_readme_sets_the_served_counts_beside_the_predicted_ones():
+    predicted = {(r["setup"], r["workload"]): r["prefill_steps"] for r in PREDICTED
+                 if r["shape"] == "qwen2.5-7b" and r["flashinfer_facts"] in ("0.7.4", None)}
+    agents = [QWEN[name]["workloads"]["agent"]["prefill"]["steps"] for name in ("plugin-256-defaults", "plugin-512-defaults",
+                                                                            "triton-256")]
+    rl = [QWEN[name]["workloads"]["rl"]["prefill"]["steps"] for name in ("plugin-256-defaults", "triton-256")]
+    assert predicted[("plugin-256", "rl")] == predicted[("triton-256", "rl")]
+    assert (f"and for triton ({agents[0]}, {agents[1]} and {agents[2]} steps); its rollouts, whose requests arrive at "
+            f"once and batch as the GPU's timing lets them, ran {rl[0]} steps at 256 and triton's {rl[1]}, against "
+            f"{predicted[('plugin-256', 'rl')]} predicted for each") in flat("benchmarks/README.md")
+
+
 def test_the_docs_table_is_the_record():
     labels = {"plugin-512-defaults": "**plugin, chunk 512, the defaults**",
               "plugin-256-defaults": "plugin, chunk 256, the defaults (timed first)",
