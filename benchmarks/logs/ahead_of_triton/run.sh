@@ -9,11 +9,12 @@
 #
 # The flashinfer release is the machine's: `FI=fi074 source .stage/gpu_prelude.sh` (carry .stage/fi074) for
 # 0.7.4, whose kernel facts take chunk starts anywhere; on CPU that gave Qwen's rollouts triton's prefill steps
-# (benchmarks/README.md, "Prefill steps against triton's"). Planned, one per session (about 18 min each:
-# two references at once with the checkpoint about 3.5 min, non-deterministic flashinfer's kernels compiled
-# beside them (serving.compiled_beside_references: 107 s of call8's control), then about 2 min a setup,
-# call7's pace):
-#   MODEL=qwen2.5-7b on 0.7.4, then on 0.7.2; MODEL=granite-3.1-8b; MODEL=llama-3.2-3b (GQA 3, no record yet).
+# (benchmarks/README.md, "Prefill steps against triton's"). One shape per session: Qwen's on 0.7.4 took
+# 1,015 s on an H100 (qwen2.5-7b-fi074/, COMMANDS.md): the references and the control's kernels 4 min, then
+# 2-3 min a setup, the first plugin server's 45 s of GEMM tuning included; its deadline cut chunk 1024.
+# Next, each on 0.7.4 (what the README recommends), LIMIT=1260 to reach chunk 1024:
+#   MODEL=granite-3.1-8b; MODEL=llama-3.2-3b (GQA 3, no record yet); then MODEL=qwen2.5-7b on 0.7.2
+#   (`source .stage/gpu_prelude.sh`, carry .stage/fi072), the release SGLang pins, beside 0.7.4's record.
 # The control is timed too, so it is the non-deterministic ceiling as well (no second non-deterministic
 # server), and it runs second: a run cut short by the limit loses its last setups, never the control
 # (call8's limit cut its control, timed last). Last, and first cut: chunk 1024, then triton with the plugin's
