@@ -119,9 +119,8 @@ class KernelFacts(NamedTuple):
     def grid_remedy(self):
         """Where this release starts chunks on fa2's q-tile grid and a measured one starts them anywhere:
         that release and the one command that installs it, in words; else None. The scheduler's startup
-        line and doctor say it beside what the grid costs (radix hits and chunk cuts rounded down to it,
-        128 tokens at odd GQA groups): on Qwen2.5-7B's shape 0.7.4 ran 0.95x triton's prefill steps on
-        rollouts, where the CPU scheduler gives 0.7.2 1.21x (benchmarks/logs/ahead_of_triton)."""
+        line, `plan` and doctor say it beside what the grid costs (radix hits and chunk cuts rounded down to
+        it, 128 tokens at odd GQA groups; what that cost measured: docs/kernel-facts.md)."""
         anywhere = next((f for f in reversed(FACTS.values()) if f.grid_rows is None), None)
         if not self.grid_rows or anywhere is None:
             return None

@@ -48,6 +48,19 @@ def prefill(name, key):
     return [QWEN[name]["workloads"][w]["prefill"][key] for w in WORKLOADS]
 
 
+def table_cells(name):
+    """A table row's cells after the throughput: the ratio to triton (none on triton's own row), prefill steps and
+    cached tokens, rollouts / agents."""
+    to_triton = "" if name == "triton-256" else ratio(name, "triton-256")
+    return [to_triton, *(" / ".join(f"{v:,}" for v in prefill(name, key)) for key in ("steps", "cached_tokens"))]
+
+
+def predicted(workload, setup, facts):
+    """Qwen's row of the CPU scheduler's record (benchmarks/prefill_steps.py); `facts` None for triton's."""
+    return next(r for r in PREDICTED
+                if (r["shape"], r["workload"], r["setup"], r["flashinfer_facts"]) == ("qwen2.5-7b", workload, setup, facts))
+
+
 def identical(entry, name):
     """verify's identical requests in one pass, of all three workloads."""
     return sum(w["passes"][name]["identical"] for w in entry["verify"]["workloads"].values())
@@ -105,9 +118,7 @@ def test_the_commands_table_and_findings_are_the_record():
               "stock-4096": "stock deterministic flashinfer, 4096, radix off",
               "plugin-512-defaults": "plugin, chunk 512, the defaults"}
     for name, label in labels.items():
-        to_triton = "" if name == "triton-256" else ratio(name, "triton-256")
-        steps, cached = (" / ".join(f"{v:,}" for v in prefill(name, key)) for key in ("steps", "cached_tokens"))
-        line = row(label, *tok_s(QWEN[name], lambda v: f"{v:,.1f}").split(" / "), to_triton, steps, cached)
+        line = row(label, *tok_s(QWEN[name], lambda v: f"{v:,.1f}").split(" / "), *table_cells(name))
         assert line in COMMANDS, line
     assert f"Over stock deterministic flashinfer: {ratio('plugin-256-defaults', 'stock-4096').replace(' / ', ' and ')} " \
            f"at the defaults, {ratio('plugin-512-defaults', 'stock-4096').replace(' / ', ' and ')} at 512" in COMMANDS
@@ -137,8 +148,7 @@ def test_the_prefill_steps_and_radix_hits_said_are_the_records():
     at_512 = [steps_and_hits_to_triton("plugin-512-defaults", w) for w in WORKLOADS]
     assert (f"At chunk 512 the plugin ran {at_512[0][0]:.2f}x and {at_512[1][0]:.2f}x triton's steps, "
             f"{100 * (1 - at_512[0][1]):.1f}% fewer cached tokens on rollouts") in DOCS
-    cpu_072 = next(r["steps_to_triton"] for r in PREDICTED if (r["shape"], r["workload"], r["setup"], r["flashinfer_facts"])
-                   == ("qwen2.5-7b", "rl", "plugin-256", "0.7.2"))
+    cpu_072 = predicted("rl", "plugin-256", "0.7.2")["steps_to_triton"]
     assert (f"0.7.4 ran {rl_steps:.2f}x deterministic triton's prefill steps on rollouts at chunk 256 (SGLang's "
             f"scheduler on CPU gives 0.7.2 {cpu_072:.2f}x)") in flat("docs/kernel-facts.md")
     # The issue's bars: rollouts meet them at chunk 256, agents do not (the answers' KV is never published).
@@ -148,25 +158,23 @@ def test_the_prefill_steps_and_radix_hits_said_are_the_records():
 def test_cpu_scheduling_predicted_the_agents_steps_exactly():
     """Agents send each conversation's turns one after another, so SGLang's scheduler on CPU
     (benchmarks/prefill_steps.py) gives the GPU server's own counts for every setup it scheduled."""
-    predicted = {(r["setup"], r["flashinfer_facts"]): r for r in PREDICTED
-                 if r["shape"] == "qwen2.5-7b" and r["workload"] == "agent"}
-    for name, key in (("plugin-256-defaults", ("plugin-256", "0.7.4")), ("plugin-512-defaults", ("plugin-512", "0.7.4")),
-                      ("triton-256", ("triton-256", None))):
-        served = QWEN[name]["workloads"]["agent"]["prefill"]
+    for name, (setup, facts) in (("plugin-256-defaults", ("plugin-256", "0.7.4")),
+                                 ("plugin-512-defaults", ("plugin-512", "0.7.4")), ("triton-256", ("triton-256", None))):
+        served, cpu = QWEN[name]["workloads"]["agent"]["prefill"], predicted("agent", setup, facts)
         assert (served["steps"], served["cached_tokens"], served["new_tokens"]) == (
-            predicted[key]["prefill_steps"], predicted[key]["radix_hit_tokens"], predicted[key]["prefilled_tokens"]), name
+            cpu["prefill_steps"], cpu["radix_hit_tokens"], cpu["prefilled_tokens"]), name
 
 
 def test_the_benchmarks_readme_sets_the_served_counts_beside_the_predicted_ones():
-    predicted = {(r["setup"], r["workload"]): r["prefill_steps"] for r in PREDICTED
-                 if r["shape"] == "qwen2.5-7b" and r["flashinfer_facts"] in ("0.7.4", None)}
+    rl_predicted = [predicted("rl", setup, facts)["prefill_steps"] for setup, facts in (("plugin-256", "0.7.4"),
+                                                                                       ("triton-256", None))]
     agents = [QWEN[name]["workloads"]["agent"]["prefill"]["steps"] for name in ("plugin-256-defaults", "plugin-512-defaults",
                                                                             "triton-256")]
     rl = [QWEN[name]["workloads"]["rl"]["prefill"]["steps"] for name in ("plugin-256-defaults", "triton-256")]
-    assert predicted[("plugin-256", "rl")] == predicted[("triton-256", "rl")]
+    assert rl_predicted[0] == rl_predicted[1]
     assert (f"and for triton ({agents[0]}, {agents[1]} and {agents[2]} steps); its rollouts, whose requests arrive at "
             f"once and batch as the GPU's timing lets them, ran {rl[0]} steps at 256 and triton's {rl[1]}, against "
-            f"{predicted[('plugin-256', 'rl')]} predicted for each") in flat("benchmarks/README.md")
+            f"{rl_predicted[0]} predicted for each") in flat("benchmarks/README.md")
 
 
 def test_the_docs_table_is_the_record():
@@ -180,9 +188,7 @@ def test_the_docs_table_is_the_record():
     for name, label in labels.items():
         shown = tok_s(QWEN[name])
         shown = f"**{shown}**" if label.startswith("**") else shown
-        to_triton = "" if name == "triton-256" else ratio(name, "triton-256")
-        steps, cached = (" / ".join(f"{v:,}" for v in prefill(name, key)) for key in ("steps", "cached_tokens"))
-        line = row(label, shown, to_triton, steps, cached, verified[name])
+        line = row(label, shown, *table_cells(name), verified[name])
         assert line in DOCS, line
     cost = ratio("nondet-256-control", "plugin-256-defaults").split(" / ")
     assert f"the control served {cost[0]} the defaults' rollouts and {cost[1]} their agents" in DOCS
