@@ -12,13 +12,16 @@
 # (benchmarks/README.md, "Prefill steps against triton's"). One shape per session: Qwen's on 0.7.4 took
 # 1,015 s on an H100 (qwen2.5-7b-fi074/, COMMANDS.md): the references and the control's kernels 4 min, then
 # 2-3 min a setup, the first plugin server's 45 s of GEMM tuning included; its deadline cut chunk 1024.
-# Next, each on 0.7.4 (what the README recommends), LIMIT=1260 to reach chunk 1024:
+# Next, each on 0.7.4 (what the README recommends), with the LIMIT the session's device time allows:
 #   MODEL=granite-3.1-8b; MODEL=llama-3.2-3b (GQA 3, no record yet); then MODEL=qwen2.5-7b on 0.7.2
 #   (`source .stage/gpu_prelude.sh`, carry .stage/fi072), the release SGLang pins, beside 0.7.4's record.
 # The control is timed too, so it is the non-deterministic ceiling as well (no second non-deterministic
 # server), and it runs second: a run cut short by the limit loses its last setups, never the control
-# (call8's limit cut its control, timed last). Last, and first cut: chunk 1024, then triton with the plugin's
-# GEMM configs per M, which tells triton's attention and scheduling apart from its GEMMs.
+# (call8's limit cut its control, timed last). Then the larger chunks: 1024 first (Qwen's run never reached it,
+# and it was Granite's best in the first runs), 512, 1024 with the decode wait (the first runs' Granite
+# setting); last, and first cut, triton with the plugin's GEMM configs per M, which tells triton's attention and
+# scheduling apart from its GEMMs. A setup starts while 60 s of --deadline-s remain and takes 2-3 min: LIMIT=1400
+# reaches the seventh.
 #
 #   usage: OUT=DIR MODEL=NAME [PY=python3] [SETUPS=a,b,...] [LIMIT=1140] bash benchmarks/logs/ahead_of_triton/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). NAME: a folder
@@ -34,7 +37,7 @@ record_stack ""
 stand_in
 step serving "$limit" $py benchmarks/serving.py --model-path "benchmarks/models/$model" --weights random \
   --checkpoints /tmp/checkpoints \
-  --setups "${SETUPS:-plugin-256-defaults,nondet-256-control,triton-256,stock-4096,plugin-512-defaults,plugin-1024-defaults,triton-256-gemms}" \
+  --setups "${SETUPS:-plugin-256-defaults,nondet-256-control,triton-256,stock-4096,plugin-1024-defaults,plugin-512-defaults,plugin-1024,triton-256-gemms}" \
   --workloads rl,agent --repeat-setups "" --skip-long-prompts --deadline-s $(( limit - 120 )) \
   --out "$out/serving.json" --logs "$out/serving-logs"
 echo "== all steps ended $(date +%T)"
