@@ -12,9 +12,11 @@
 # (benchmarks/README.md, "Prefill steps against triton's"). One shape per session: Qwen's on 0.7.4 took
 # 1,015 s on an H100 (qwen2.5-7b-fi074/, COMMANDS.md): the references and the control's kernels 4 min, then
 # 2-3 min a setup, the first plugin server's 45 s of GEMM tuning included; its deadline cut chunk 1024.
-# Next, each on 0.7.4 (what the README recommends), with the LIMIT the session's device time allows:
-#   MODEL=granite-3.1-8b; MODEL=llama-3.2-3b (GQA 3, no record yet); then MODEL=qwen2.5-7b on 0.7.2
-#   (`source .stage/gpu_prelude.sh`, carry .stage/fi072), the release SGLang pins, beside 0.7.4's record.
+# Next, each on 0.7.4 (what the README recommends): MODEL=llama-3.2-3b (GQA 3, no record yet; a 3B model
+# starts and serves faster, so it suits a session that lost time to failed starts); MODEL=granite-3.1-8b; then
+# MODEL=qwen2.5-7b on 0.7.2 (`source .stage/gpu_prelude.sh`, carry .stage/fi072), the release SGLang pins,
+# beside 0.7.4's record. LIMIT: the session's device time left at the call, less 400 s (a machine's start took
+# about 270 s, the prelude about 60; a start that fails costs 90 s, so check the time left after each).
 # The control is timed too, so it is the non-deterministic ceiling as well (no second non-deterministic
 # server), and it runs second: a run cut short by the limit loses its last setups, never the control
 # (call8's limit cut its control, timed last). Then the larger chunks: 1024 first (Qwen's run never reached it,
