@@ -16,14 +16,15 @@
 # starts and serves faster, so it suits a session that lost time to failed starts); MODEL=granite-3.1-8b; then
 # MODEL=qwen2.5-7b on 0.7.2 (`source .stage/gpu_prelude.sh`, carry .stage/fi072), the release SGLang pins,
 # beside 0.7.4's record. LIMIT: the session's device time left at the call, less 400 s (a machine's start took
-# about 270 s, the prelude about 60; a start that fails costs 90 s, so check the time left after each).
+# about 270 s, and the prelude and the collecting calls need the rest; a start that fails costs 90 s, so check
+# the time left after each).
 # The control is timed too, so it is the non-deterministic ceiling as well (no second non-deterministic
 # server), and it runs second: a run cut short by the limit loses its last setups, never the control
 # (call8's limit cut its control, timed last). Then the larger chunks: 1024 first (Qwen's run never reached it,
 # and it was Granite's best in the first runs), 512, 1024 with the decode wait (the first runs' Granite
 # setting); last, and first cut, triton with the plugin's GEMM configs per M, which tells triton's attention and
-# scheduling apart from its GEMMs. A setup starts while 60 s of --deadline-s remain and takes 2-3 min: LIMIT=1400
-# reaches the seventh.
+# scheduling apart from its GEMMs. A setup starts while 60 s of --deadline-s remain and takes 2-3 min: at Qwen's
+# pace LIMIT=1400 would reach the seventh (not yet run).
 #
 #   usage: OUT=DIR MODEL=NAME [PY=python3] [SETUPS=a,b,...] [LIMIT=1140] bash benchmarks/logs/ahead_of_triton/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). NAME: a folder
