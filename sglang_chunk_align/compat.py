@@ -28,6 +28,10 @@ DECODE_WAIT_ENV = "SGLANG_CHUNK_ALIGN_DECODE_WAIT"
 # Set to 0 to run every prefill batch as one fa2 call, requests waiting to keep it on one tile, as
 # before split attention (split_attention.py); unset or 1 splits a batch by tile class.
 SPLIT_ATTENTION_ENV = "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION"
+# Set to 1 to pad a split fa2 call whose extends average too few packed rows for their class's tile
+# (planning.call_pad), so that radix hits and chunk cuts leave final pieces of any length; unset or 0
+# keeps a final piece long enough for the full tile. Off until a GPU run verifies it (issue 48).
+PAD_TILES_ENV = "SGLANG_CHUNK_ALIGN_PAD_TILES"
 # Set to 0 to keep stock's eager decode plan, which splits a request's KV at 2048 where its CUDA graphs do
 # not (unsplit_decode.py); unset or 1 plans eager decode as the graphs do.
 UNSPLIT_DECODE_ENV = "SGLANG_CHUNK_ALIGN_UNSPLIT_DECODE"
@@ -50,8 +54,8 @@ RADIX_OPT_IN_NEEDS = (
 MAMBA_NEEDS = "a prefix rounded to the grid would need a mamba state there"
 # The environment switches and their defaults (README, "Switches"); None: unset is a third value.
 SWITCHES = {
-    RULES_ENV: True, RADIX_CACHE_ENV: None, DECODE_WAIT_ENV: False, SPLIT_ATTENTION_ENV: True, UNSPLIT_DECODE_ENV: True,
-    GEMMS_ENV: True, FAST_GEMMS_ENV: False, NORMS_ENV: True, ALLOW_UNTESTED_ENV: False,
+    RULES_ENV: True, RADIX_CACHE_ENV: None, DECODE_WAIT_ENV: False, SPLIT_ATTENTION_ENV: True, PAD_TILES_ENV: False,
+    UNSPLIT_DECODE_ENV: True, GEMMS_ENV: True, FAST_GEMMS_ENV: False, NORMS_ENV: True, ALLOW_UNTESTED_ENV: False,
 }
 
 

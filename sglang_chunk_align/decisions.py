@@ -51,13 +51,13 @@ def riding_slack(rules, start, budget, prompt_len):
     riding final piece takes, or 0. A continuation is alone in its batch (the scheduler continues
     its chunked request first, on a fresh adder), so its piece may ride.
 
-    Only a piece shorter than min_tail rides, so chunk_end is asked only when
+    Only a final piece shorter than min_final rides, so chunk_end is asked only when
     less than that lies beyond the budget (most continuations skip it).
     """
     if budget is None:
         return 0
     beyond = prompt_len - start - budget
-    if 0 < beyond < rules.min_tail and chunk_end(start, budget, prompt_len, rules, RIDE) == prompt_len:
+    if 0 < beyond < rules.min_final and chunk_end(start, budget, prompt_len, rules, RIDE) == prompt_len:
         return beyond
     return 0
 
@@ -120,23 +120,23 @@ def deferral(rules, parked, members, start, prompt_len):
 
 
 def tile_groups(rules, extend_lens, kv_lens):
-    """The fa2 calls split attention runs a prefill batch as: split_by_tile's groups of batch
-    indices, or None where one call serves every member (the stock path).
+    """The fa2 calls split attention runs a prefill batch as: split_by_tile's answer (groups of batch
+    indices and their pads), or None where one unpadded call serves every member (the stock path).
 
     The backend sees each request's extend and KV end, not its prompt's length.
     Under the grid rules the KV end stands for it: an extend that ends before
     its prompt does is at least min_tail tokens long, so its KV end is in the
     full-tile class, as its prompt is; any other extend ends its prompt.
     """
-    groups = split_by_tile([(e, kv, kv) for e, kv in zip(extend_lens, kv_lens)], rules).groups
-    return groups if len(groups) > 1 else None
+    split = split_by_tile([(e, kv, kv) for e, kv in zip(extend_lens, kv_lens)], rules)
+    return split if len(split.groups) > 1 or any(split.pads) else None
 
 
 def _grid_end(rules, start, budget, prompt_len, tail):
     """chunk_end for an extend cut at `budget`, with `tail` (short_tail). A short piece kept is
     not bit-exact, and says so."""
     end = chunk_end(start, budget, prompt_len, rules, tail)
-    if tail == KEEP and 0 < prompt_len - end < rules.min_tail:
+    if tail == KEEP and 0 < prompt_len - end < rules.min_final:
         logger.warning(
             "sglang-chunk-align: KV memory holds %d tokens, too few for the final %d of a prompt "
             "with no running request to free more: its %d-token final piece runs on a smaller fa2 "

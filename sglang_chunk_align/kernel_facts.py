@@ -95,6 +95,12 @@ class KernelFacts(NamedTuple):
         thresholds = {above for _, rows, _ in self.tile_classes for above, _ in rows} | {0}
         return min(above for above in thresholds if self.cta_tile(above + 1, head_dim) == largest)
 
+    def rows_above(self, tile, head_dim):
+        """The packed rows a call's integer average must exceed to get `tile` at a known `head_dim`;
+        None for the smallest tile (below every threshold)."""
+        _, thresholds, _ = max(cls for cls in self.tile_classes if cls[0] <= head_dim)
+        return next((above for above, got in thresholds if got == tile), None)
+
     @property
     def chunk_align(self):
         """Tokens; what the deterministic FlashInferAttnBackend declares as prefill_chunk_align: the

@@ -14,7 +14,8 @@ each rule g-fold:
   matter (0.7.4) it is the page (and that chunk) alone;
 - reuse a cached prefix only up to the grid, leaving a piece that gets the
   full tile to compute (a 1-token extend over 2000 cached tokens gets a small
-  tile);
+  tile), or any piece where split attention pads its call onto its tile
+  (Rules.pad_tiles, call_pad);
 - cut every chunk on the grid, memory-pressure and continuation cuts included,
   and never cut a piece too short for the full tile before the prompt's end:
   where the piece after a cut would be too short, end the chunk earlier; where
@@ -55,10 +56,11 @@ class Rules:
     alone re-derived costs a continuation decision ~25 µs. A slots class, not a dataclass: this
     module loads in every SGLang process (patches.py says why)."""
 
-    __slots__ = ("group", "head_dim", "page_size", "facts", "split_attention", "packed_chunk", "grid", "min_tail",
-                 "exempt_kv", "tile_grid")
+    __slots__ = ("group", "head_dim", "page_size", "facts", "split_attention", "packed_chunk", "pad_tiles", "grid",
+                 "min_tail", "min_final", "exempt_kv", "tile_grid")
 
-    def __init__(self, group=1, head_dim=None, page_size=1, facts=None, split_attention=False, packed_chunk=None):
+    def __init__(self, group=1, head_dim=None, page_size=1, facts=None, split_attention=False, packed_chunk=None,
+                 pad_tiles=False):
         self.group = group  # packed rows per token: q heads per KV head as fa2 is planned (1: unknown)
         self.head_dim = head_dim  # None: unknown, tiles compared at every head_dim, no short-KV exemption
         self.page_size = page_size  # SGLang's KV page: a reused prefix ends on a page
@@ -71,11 +73,19 @@ class Rules:
         # request's fall where its solo prefill's do only where it starts its batch, alone, on a
         # multiple of it.
         self.packed_chunk = packed_chunk
+        # Whether a split call whose extends average too few packed rows for its class's tile gets a
+        # padding member that lifts it there (split_by_tile's pads), so that a piece of any length
+        # runs on its solo tile: split attention at a known head_dim, where the tiles are one class's.
+        self.pad_tiles = pad_tiles = bool(pad_tiles and split_attention and head_dim is not None)
         rows = facts.grid_rows
         # Tokens; every extend starts on a multiple of it.
         self.grid = math.lcm(q_tile_grid(rows, group) if rows else 1, page_size, packed_chunk or 1)
-        # Tokens; the shortest extend that gets the full tile.
+        # Tokens; the shortest extend that gets the full tile: every cut before a prompt's end is at
+        # least this long, so the KV end the backend sees is in its prompt's tile class.
         self.min_tail = facts.full_tile_above_rows(head_dim) // group + 1
+        # Tokens; the shortest final piece (one that ends its prompt, so its KV end is the prompt's):
+        # any, where its call is padded onto its tile.
+        self.min_final = 1 if pad_tiles else self.min_tail
         # Members whose KV is at most this many tokens may run on any tile.
         self.exempt_kv = facts.exempt_kv(head_dim)
         # Tokens; what fa2's largest q-tile (128 rows) spans, joined with the page: a prompt's
@@ -83,7 +93,8 @@ class Rules:
         self.tile_grid = math.lcm(q_tile_grid(facts.cta_tile(1 << 30, 0), group), page_size)
 
     def _given(self):
-        return self.group, self.head_dim, self.page_size, self.facts, self.split_attention, self.packed_chunk
+        return (self.group, self.head_dim, self.page_size, self.facts, self.split_attention, self.packed_chunk,
+                self.pad_tiles)
 
     def __eq__(self, other):  # rules are equal where they were given the same; the rest derives
         return type(other) is Rules and self._given() == other._given()
@@ -92,8 +103,13 @@ class Rules:
         return hash(self._given())
 
     def __repr__(self):
-        return ("Rules(group={}, head_dim={}, page_size={}, facts={!r}, split_attention={}, packed_chunk={})"
-                .format(*self._given()))
+        return ("Rules(group={}, head_dim={}, page_size={}, facts={!r}, split_attention={}, packed_chunk={}, "
+                "pad_tiles={})".format(*self._given()))
+
+    def _pieces(self):
+        pieces = f"pieces over {self.min_tail - 1} tokens"
+        return f"{pieces} before a prompt's end, final pieces of any length (calls padded to their tiles)" \
+            if self.pad_tiles else pieces
 
     def solo_tile(self, prompt_len):
         return self.facts.cta_tile(prompt_len * self.group, self.head_dim)
@@ -109,15 +125,15 @@ class Rules:
         anywhere = math.lcm(self.page_size, self.packed_chunk or 1)  # the grid where starts do not matter
         remedy = self.facts.grid_remedy() if self.grid > anywhere else None
         return (
-            f"{self.grid}-token grid, pieces over {self.min_tail - 1} tokens "
+            f"{self.grid}-token grid, {self._pieces()} "
             f"(GQA group {self.group}, head_dim {self.head_dim or 'unknown'}, page {self.page_size}{packed}; "
             f"{self.facts.describe()})" + (f", to which radix hits and chunk cuts round down ({remedy})" if remedy else "")
         )
 
 
 def usable_prefix(cached, prompt_len, rules):
-    """How much of a cached prefix to reuse: on the grid, leaving min_tail tokens to compute."""
-    return max(0, min(cached, prompt_len - rules.min_tail) // rules.grid * rules.grid)
+    """How much of a cached prefix to reuse: on the grid, leaving a final piece (min_final) to compute."""
+    return max(0, min(cached, prompt_len - rules.min_final) // rules.grid * rules.grid)
 
 
 def published_len(up_to, prompt_len, rules):
@@ -139,7 +155,7 @@ def chunk_end(start, budget, prompt_len, rules, short_tail=KEEP):
     """Where an extend starting at `start` (on the grid) with `budget` tokens ends.
 
     Returns `start` when no grid cut leaving a piece of at least min_tail fits
-    the budget: the request waits. A final piece shorter than min_tail that no
+    the budget: the request waits. A final piece shorter than min_final that no
     earlier cut can merge is handled by `short_tail`: KEEP leaves it (the budget is bound by
     memory), WAIT returns `start` (the budget is what other requests left
     over), RIDE returns `prompt_len` (the piece rides with this extend).
@@ -147,8 +163,8 @@ def chunk_end(start, budget, prompt_len, rules, short_tail=KEEP):
     if prompt_len - start <= budget:
         return prompt_len
     end = (start + budget) // rules.grid * rules.grid
-    if prompt_len - end < rules.min_tail:
-        earlier = (prompt_len - rules.min_tail) // rules.grid * rules.grid
+    if prompt_len - end < rules.min_final:
+        earlier = (prompt_len - rules.min_final) // rules.grid * rules.grid
         if earlier - start >= rules.min_tail:
             end = earlier
         elif short_tail == WAIT:
@@ -175,6 +191,26 @@ class TileSplit(NamedTuple):
     # The indices whose group's call still misses their solo tile: what splitting cannot fix, so
     # the rules must still keep them out.
     off_tile: tuple
+    # Per group, the tokens of the padding member its call gets (call_pad; 0: none).
+    pads: tuple
+
+
+def call_pad(extends, tile, rules):
+    """Tokens of a padding member that lift a call of `extends` onto `tile`, its class's solo tile:
+    0 where the call gets it already; None where no pad can (Rules.pad_tiles off, or `tile` the
+    smallest, which a call of its class never averages above).
+
+    The pad is the fewest tokens whose packed rows bring the call's integer average over the
+    tile's threshold. It never overshoots into a larger tile: a tile's rows span at least 48
+    packed rows, and one token adds at most the GQA group to the average."""
+    if rules.batch_tile(extends) == tile:
+        return 0
+    above = rules.facts.rows_above(tile, rules.head_dim) if rules.pad_tiles else None
+    if above is None:
+        return None
+    calls = len(extends) + 1
+    pad = max(1, -(-(above + 1) * calls // rules.group) - sum(extends))
+    return pad if rules.batch_tile([*extends, pad]) == tile else None
 
 
 def split_by_tile(members, rules):
@@ -185,36 +221,41 @@ def split_by_tile(members, rules):
     what the rules now defer (decisions.deferral): thin batches, where other
     classes' extends move a member off its tile. It also fixes a short extend
     of a long prompt (a short final piece) that shares its call with longer
-    extends of its class. It cannot fix a class whose own extends average too
-    little for its tile, such as a short final piece of a long prompt alone in
-    the 128-row class: that member is in off_tile, and stays the rules' to
-    prevent (chunk_end ends early or lets it ride; usable_prefix leaves a full
-    piece). A call never gets a larger tile than its class: each extend is at
-    most its prompt, and the tile grows with the average.
+    extends of its class. A class whose own extends average too little for its
+    tile, such as a short final piece of a long prompt alone in the 128-row
+    class, gets a padding member where the rules pad (call_pad, issue 48);
+    elsewhere that member is in off_tile, and stays the rules' to prevent
+    (chunk_end ends early or lets it ride; usable_prefix leaves a full piece).
+    A call never gets a larger tile than its class: each extend is at most its
+    prompt, and the tile grows with the average.
 
     A member whose KV is at most rules.exempt_kv may run on any tile; it joins
     the first group it moves no member off, or else a call of such members.
     """
-    groups = {}
+    classes = {}
     exempt = []
     for i, (_, kv_len, prompt_len) in enumerate(members):
         if kv_len > rules.exempt_kv:
-            groups.setdefault(rules.solo_tile(prompt_len), []).append(i)
+            classes.setdefault(rules.solo_tile(prompt_len), []).append(i)
         else:
             exempt.append(i)
-    groups = list(groups.values())
+    calls = [(tile, group) for tile, group in classes.items()]  # (the class's solo tile, its members)
 
     def off_tile(group):
         conflicts = tile_conflicts([members[i] for i in group], rules)
         return [i for i in group if members[i] in conflicts]
 
     for i in exempt:
-        home = next((g for g in groups if len(off_tile([*g, i])) <= len(off_tile(g))), None)
+        home = next(((t, g) for t, g in calls if len(off_tile([*g, i])) <= len(off_tile(g))), None)
         if home is None:
-            home = []
-            groups.append(home)
-        home.append(i)
-    return TileSplit(tuple(tuple(sorted(g)) for g in groups), tuple(sorted(i for g in groups for i in off_tile(g))))
+            home = (None, [])
+            calls.append(home)
+        home[1].append(i)
+    # Pads only where a call is off its class's tile (the groups are the unpadded split's).
+    pads = [0 if tile is None else call_pad([members[i][0] for i in group], tile, rules) for tile, group in calls]
+    return TileSplit(tuple(tuple(sorted(g)) for _, g in calls),
+                     tuple(sorted(i for (_, g), pad in zip(calls, pads) if pad is None for i in off_tile(g))),
+                     tuple(pad or 0 for pad in pads))
 
 
 class Chunk(NamedTuple):
@@ -243,14 +284,18 @@ def plan(prompt_len, cached, chunk, rules, aligned=True):
         else:
             align = rules.facts.chunk_align
             end = min(prompt_len, start + chunk // align * align)
-        chunks.append(_describe(start, end, prompt_len, rules))
+        chunks.append(_describe(start, end, prompt_len, rules, padded=aligned))
         start = end
     return chunks
 
 
-def _describe(start, end, prompt_len, rules):
-    """A chunk with its tile (at head_dim 128 where the head_dim is unknown) and its hazards."""
+def _describe(start, end, prompt_len, rules, padded):
+    """A chunk with its tile (at head_dim 128 where the head_dim is unknown) and its hazards. Where
+    the rules run (`padded`) and pad calls, the backend pads the chunk's call onto the class of its
+    KV end (decisions.tile_groups), as here."""
     tile, solo = rules.batch_tile([end - start]), rules.solo_tile(prompt_len)
+    if padded and end > rules.exempt_kv and call_pad([end - start], rules.solo_tile(end), rules):
+        tile = rules.solo_tile(end)
     hazards = []
     rows = rules.facts.grid_rows
     if rows and start % q_tile_grid(rows, rules.group):

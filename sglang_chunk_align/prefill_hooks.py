@@ -107,7 +107,7 @@ def step_of(adder):
 
 
 def match_on_grid(wrapped, instance, args, kwargs):
-    """Wraps match_kv_cache: reuse a cached prefix only up to the grid, leaving min_tail to compute.
+    """Wraps match_kv_cache: reuse a cached prefix only up to the grid, leaving a final piece to compute.
 
     A rounded hit is matched a second time with max_prefix_len: SGLang's
     match only caps a hit, and the second match splits the tree node at the

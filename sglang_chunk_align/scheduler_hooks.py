@@ -16,7 +16,7 @@ from . import decode_wait, prefill_hooks, releases, split_attention, unsplit_dec
 from .alignment import chunk_size_error
 from .backends import NOTHING, facts_needed, planned_prefill
 from .compat import (
-    DECODE_WAIT_ENV, RULES_ENV, SPLIT_ATTENTION_ENV, SWITCHES, UNSPLIT_DECODE_ENV, check_switches, env_flag,
+    DECODE_WAIT_ENV, PAD_TILES_ENV, RULES_ENV, SPLIT_ATTENTION_ENV, SWITCHES, UNSPLIT_DECODE_ENV, check_switches, env_flag,
     installed_version, radix_cache, sglang_at_least,
 )
 from .planning import Rules
@@ -223,19 +223,25 @@ def _workspace_refusal(scheduler, startup):
 
 def _rules_for(scheduler, declared, facts):
     """The grid rules for the live backend's declaration and `facts`: its q-tile geometry
-    (conservative where it does not say), and split attention where every fa2 backend it is for
-    can split its prefill (split_attention.serves) and the switch leaves it on."""
+    (conservative where it does not say), split attention where every fa2 backend it is for can
+    split its prefill (split_attention.serves) and the switch leaves it on, and padded calls where
+    their switch asks (Rules keeps them to split attention at a known head_dim)."""
     page_size = getattr(scheduler, "page_size", None) or 1
     split = env_flag(SPLIT_ATTENTION_ENV, SWITCHES[SPLIT_ATTENTION_ENV]) and all(map(split_attention.serves, declared.fa2))
     geometry = declared.geometry
     shape = {} if geometry is None else {"group": geometry.group, "head_dim": geometry.head_dim}
-    return Rules(**shape, page_size=page_size, facts=facts, split_attention=split, packed_chunk=declared.packed_chunk)
+    return Rules(**shape, page_size=page_size, facts=facts, split_attention=split, packed_chunk=declared.packed_chunk,
+                 pad_tiles=env_flag(PAD_TILES_ENV, SWITCHES[PAD_TILES_ENV]))
 
 
 def _describe_rules(rules, declared):
     source = declared.source if declared.geometry else "geometry unknown: the conservative rules for every model"
     split = ("split attention on: one fa2 call per tile class" if rules.split_attention
              else "split attention off: requests wait to keep each batch on one tile")
+    if rules.pad_tiles:
+        split += ", padded onto it where its pieces average too few rows"
+    elif env_flag(PAD_TILES_ENV, SWITCHES[PAD_TILES_ENV]):
+        split += f"; {PAD_TILES_ENV}=1 ignored: padded calls need split attention and a known head_dim"
     return f"on: {rules.describe()}, from {source}; {split}"
 
 

@@ -19,6 +19,13 @@ arguments, and at forward runs them in turn, gathering each group's q rows
 and scattering their output back. SGLang's KV write runs once, before, as
 stock. A batch of one class plans SGLang's own wrappers, as before.
 
+Where the rules pad calls (Rules.pad_tiles, SGLANG_CHUNK_ALIGN_PAD_TILES=1,
+issue 48), a group whose extends average too few packed rows for its class's
+tile gets one more member of planning.call_pad's tokens, which lifts its
+call onto that tile; a batch of one class is split into one padded call for
+it. The padding member reads rows and KV the batch already has, and its
+output is dropped.
+
 torch is imported where a split is planned, never at plugin load (patches.py's
 import-cost rule); every SGLang process that plans one has loaded it.
 """
@@ -58,15 +65,16 @@ def plan_by_tile(wrapped, backend, args, kwargs):
     batch = args[0] if args else kwargs["forward_batch"]
     if batch.forward_mode.name != _EXTEND:
         return wrapped(*args, **kwargs)
-    groups = tile_groups(rules, _ints(batch.extend_seq_lens_cpu, batch.extend_seq_lens),
-                         _ints(batch.seq_lens_cpu, batch.seq_lens))
-    if groups is None:
+    split = tile_groups(rules, _ints(batch.extend_seq_lens_cpu, batch.extend_seq_lens),
+                        _ints(batch.seq_lens_cpu, batch.seq_lens))
+    if split is None:
         return wrapped(*args, **kwargs)
-    _count(groups)
+    _count(split)
     stock = backend.prefill_wrappers_paged
+    groups = split.groups
     spares = _spare_wrappers(backend, len(groups))
     backend.prefill_wrappers_paged = [
-        SplitPrefill([spares[g][w] for g in range(len(groups))], groups) for w in range(len(stock))
+        SplitPrefill([spares[g][w] for g in range(len(groups))], groups, split.pads) for w in range(len(stock))
     ]
     try:
         return wrapped(*args, **kwargs)
@@ -74,14 +82,15 @@ def plan_by_tile(wrapped, backend, args, kwargs):
         backend.prefill_wrappers_paged = stock
 
 
-def _count(groups):
+def _count(split):
     """Log the 1st, 10th, 100th... split batch at INFO (every one at DEBUG): a server's log shows
     that split attention runs, and about how often, without a line per batch."""
     global _splits
     _splits += 1
     level = logging.INFO if str(_splits).rstrip("0") == "1" else logging.DEBUG
+    calls = "+".join(f"{len(g)}" + (f" (padded {pad})" if pad else "") for g, pad in zip(split.groups, split.pads))
     logger.log(level, "sglang-chunk-align: split attention: prefill batch %d split into fa2 calls of %s requests",
-               _splits, "+".join(str(len(g)) for g in groups))
+               _splits, calls)
 
 
 def _ints(host, device):
@@ -106,54 +115,69 @@ def _spare_wrappers(backend, count):
 
 class SplitPrefill:
     """Stands in for one paged prefill wrapper for one batch: plan() and forward() as flashinfer's,
-    each run as one call per group of batch indices (`groups`) on that group's own `wrappers`."""
+    each run as one call per group of batch indices (`groups`) on that group's own `wrappers`,
+    with a padding member of `pads[g]` tokens where that is not 0 (planning.call_pad)."""
 
-    __slots__ = ("wrappers", "groups", "rows")
+    __slots__ = ("wrappers", "groups", "pads", "rows")
 
-    def __init__(self, wrappers, groups):
+    def __init__(self, wrappers, groups, pads=None):
         self.wrappers = wrappers
         self.groups = groups
-        self.rows = None  # per group, the q rows of its requests (a device index tensor), once planned
+        self.pads = pads or (0,) * len(groups)
+        self.rows = None  # per group, the q rows its call reads, its members' first (device index tensors)
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, *args, **kwargs):
         """Plan each group's wrapper over its requests: their q rows and KV pages, cut out of the
         batch's, and every other argument as given. The index pointers go to flashinfer from the
-        host, so each wrapper holds its own copy (SGLang's are views of buffers it reuses)."""
+        host, so each wrapper holds its own copy (SGLang's are views of buffers it reuses).
+
+        A padding member only moves its call's tile: its q rows repeat the group's first row and
+        its KV repeats the group's first KV entry, once per pad token, so that every row of it
+        has KV to attend (causal). Its output rows are dropped. SGLang plans with page size 1,
+        where a KV entry is a token's slot."""
         import torch
 
         qo, kv = qo_indptr.tolist(), paged_kv_indptr.tolist()  # flashinfer's plan reads them on the host too
         device = paged_kv_indices.device
         self.rows = []
-        for wrapper, group in zip(self.wrappers, self.groups):
+        for wrapper, group, pad in zip(self.wrappers, self.groups, self.pads):
             members = torch.tensor(group, dtype=torch.long).to(device)
             kv_pages = _segments(kv, group).to(device)
+            rows = _segments(qo, group).to(device)
+            kv_indices, last_page_len = paged_kv_indices[kv_pages], paged_kv_last_page_len[members]
+            if pad:
+                kv_indices = torch.cat([kv_indices, kv_indices[:1].expand(pad)])
+                last_page_len = torch.cat([last_page_len, last_page_len[:1]])
+                rows = torch.cat([rows, rows[:1].expand(pad)])
             wrapper.plan(
-                _indptr(qo, group), _indptr(kv, group), paged_kv_indices[kv_pages],
-                paged_kv_last_page_len[members], *args, **kwargs,
+                _indptr(qo, group, pad), _indptr(kv, group, pad), kv_indices, last_page_len, *args, **kwargs,
             )
-            self.rows.append(_segments(qo, group).to(device))
+            self.rows.append(rows)
 
     begin_forward = plan  # the name SGLang calls
 
     def forward(self, q, *args, **kwargs):
         """Each group's rows of `q` through its wrapper, scattered back into one output in batch
-        order. Rows past the batch's (a padded graph's) are left as stock leaves them: unwritten."""
+        order, a padding member's rows dropped. Rows past the batch's (a padded graph's) are left as
+        stock leaves them: unwritten."""
         import torch
 
         out = None
-        for wrapper, rows in zip(self.wrappers, self.rows):
+        for wrapper, rows, pad in zip(self.wrappers, self.rows, self.pads):
             part = wrapper.forward(q[rows], *args, **kwargs)
             if out is None:
                 out = torch.empty((q.shape[0], *part.shape[1:]), dtype=part.dtype, device=part.device)
-            out[rows] = part
+            members = len(rows) - pad
+            out[rows[:members]] = part[:members]
         return out
 
 
-def _indptr(indptr, group):
-    """The CSR index pointer (int32, host) of `group`'s segments of `indptr`, in group order."""
+def _indptr(indptr, group, pad=0):
+    """The CSR index pointer (int32, host) of `group`'s segments of `indptr`, in group order, and a
+    padding member's `pad` entries after them where `pad` is not 0."""
     import torch
 
-    lengths = [indptr[i + 1] - indptr[i] for i in group]
+    lengths = [indptr[i + 1] - indptr[i] for i in group] + ([pad] if pad else [])
     return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
 
 

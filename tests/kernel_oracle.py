@@ -61,14 +61,15 @@ def start_step(facts, group, page_size):
     return math.lcm(rows // math.gcd(rows, group), page_size)
 
 
-def call_problems(facts, group, head_dim, members):
-    """Why members (start, end, prompt_len) of one fa2 call are not exact (at `head_dim`, or at
-    each of HEAD_DIMS where None), one line each; [] where every one is."""
+def call_problems(facts, group, head_dim, members, pad=0):
+    """Why members (start, end, prompt_len) of one fa2 call, with a padding member of `pad` tokens
+    where not 0, are not exact (at `head_dim`, or at each of HEAD_DIMS where None), one line each;
+    [] where every one is."""
     problems = [
         f"{start}..{end} of {prompt_len}: starts off the {facts.grid_rows}-row tiles"
         for start, end, prompt_len in members if not on_tile_start(facts, group, start)
     ]
-    extends = [end - start for start, end, _ in members]
+    extends = [end - start for start, end, _ in members] + ([pad] if pad else [])
     for d in head_dims(head_dim):
         call = tile(facts, sum(extends) * group // len(extends), d)
         for start, end, prompt_len in members:

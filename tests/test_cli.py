@@ -83,7 +83,8 @@ def test_doctor_reports_a_working_install():
     assert report["backends"]["TboAttnBackend"] == 128
     assert report["switches"] == {
         "SGLANG_CHUNK_ALIGN_RULES": 1, "SGLANG_CHUNK_ALIGN_RADIX_CACHE": None, "SGLANG_CHUNK_ALIGN_DECODE_WAIT": 0,
-        "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION": 1, "SGLANG_CHUNK_ALIGN_UNSPLIT_DECODE": 1,
+        "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION": 1, "SGLANG_CHUNK_ALIGN_PAD_TILES": 0,
+        "SGLANG_CHUNK_ALIGN_UNSPLIT_DECODE": 1,
         "SGLANG_CHUNK_ALIGN_GEMMS": 1, "SGLANG_CHUNK_ALIGN_FAST_GEMMS": 0, "SGLANG_CHUNK_ALIGN_NORMS": 1,
         "SGLANG_CHUNK_ALIGN_ALLOW_UNTESTED": 0,
     }
@@ -300,6 +301,21 @@ def test_plan_command_says_what_the_grid_costs_and_which_release_starts_chunks_a
         assert grid.startswith(f"grid rules: {128 if costs else 1}-token grid, pieces over 9 tokens (GQA group 7")
         assert (said in grid) == costs
         assert json.loads(_cli(*args, "--json").stdout)["grid_rules"] == grid.removeprefix("grid rules: ")
+
+
+def test_plan_command_keeps_a_radix_hit_whole_where_calls_are_padded():
+    """GQA 3 on 0.7.4: 10 tokens after a hit are 30 packed rows, the 64-row tile alone. Padded calls run them on
+    their solo tile (128 rows), so the hit stays whole; without pads it is cut back to 22 tokens, the fewest that
+    get the full tile. Upstream's schedule is never padded: the rules off, nothing splits."""
+    args = ("plan", "--prompt-len", "2500", "--cached", "2490", "--chunk", "256", "--group", "3", "--head-dim", "128",
+            "--flashinfer", "0.7.4")
+    padded = _cli(*args, SGLANG_CHUNK_ALIGN_PAD_TILES="1").stdout
+    assert "sglang-chunk-align: 1 chunk, 0 with hazards\n  [  2490,   2500)  tile 128  ok" in padded
+    assert "[  2490,   2500)  tile 64  runs on the 64-row tile, solo prefill on 128" in padded
+    assert "pieces over 21 tokens before a prompt's end, final pieces of any length (calls padded to their tiles)" in padded
+    assert "sglang-chunk-align: 1 chunk, 0 with hazards\n  [  2478,   2500)  tile 128  ok" in _cli(*args).stdout
+    unsplit = _cli(*args, SGLANG_CHUNK_ALIGN_PAD_TILES="1", SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION="0").stdout
+    assert "[  2478,   2500)  tile 128  ok" in unsplit  # pads need split attention
 
 
 def test_plan_command_json_shows_the_short_final_piece_riding_along_at_chunk_128():

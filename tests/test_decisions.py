@@ -240,6 +240,9 @@ def test_split_attention_defers_only_what_one_call_per_tile_class_cannot_keep_on
     # gets a small tile in any call of its own; a 100-token prompt in its class keeps it waiting.
     assert deferral(split, False, [(10, 1034, 1034)], 0, 100) == OFF_TILE_IN_ITS_CALL
     assert deferral(Rules(head_dim=128), False, [(10, 1034, 1034)], 0, 100) is not None
+    # Where calls are padded (issue 48) that piece's call gets a pad, and nobody waits for it.
+    padded = Rules(head_dim=128, split_attention=True, pad_tiles=True)
+    assert deferral(padded, False, [(10, 1034, 1034)], 0, 100) is None
 
 
 @given(members=st.lists(st.tuples(st.integers(1, 600), st.integers(0, 1500), st.integers(0, 1500)), min_size=1,
@@ -257,10 +260,32 @@ def test_split_calls_partition_the_batch_and_keep_rules_made_members_on_their_so
         if cached or rest:
             extend = max(extend, rules.min_tail)
         batch.append((cached, cached + extend, cached + extend + rest))
-    groups = tile_groups(rules, [e - s for s, e, _ in batch], [e for _, e, _ in batch]) or (tuple(range(len(batch))),)
+    split = tile_groups(rules, [e - s for s, e, _ in batch], [e for _, e, _ in batch])
+    groups = split.groups if split else (tuple(range(len(batch))),)
     assert sorted(i for g in groups for i in g) == list(range(len(batch)))
     for g in groups:
         assert not oracle.call_problems(rules.facts, group, head_dim, [batch[i] for i in g]), (batch, groups)
+
+
+@given(members=st.lists(st.tuples(st.integers(1, 600), st.integers(0, 1500), st.integers(0, 1500)), min_size=1,
+                        max_size=8),
+       group=st.sampled_from([1, 2, 3, 4, 7, 8]), head_dim=st.sampled_from([128, 256]),
+       facts=st.sampled_from([FI072, FI074]))
+def test_padded_calls_keep_final_pieces_of_any_length_on_their_solo_tiles(members, group, head_dim, facts):
+    """As above where split attention pads calls (issue 48): a final piece may be any length (a radix
+    hit kept whole), a cut before the prompt's end still min_tail; each padded call gives each member
+    its solo tile, as kernel_oracle judges from the facts, and never moves one off it."""
+    rules = Rules(group=group, head_dim=head_dim, split_attention=True, pad_tiles=True, facts=facts)
+    batch = []  # (start, end, prompt_len)
+    for extend, cached, rest in members:
+        cached = cached // rules.grid * rules.grid
+        if rest:
+            extend = max(extend, rules.min_tail)
+        batch.append((cached, cached + extend, cached + extend + rest))
+    split = tile_groups(rules, [e - s for s, e, _ in batch], [e for _, e, _ in batch])
+    calls = zip(split.groups, split.pads) if split else [(tuple(range(len(batch))), 0)]
+    for g, pad in calls:
+        assert not oracle.call_problems(rules.facts, group, head_dim, [batch[i] for i in g], pad), (batch, split)
 
 
 @pytest.mark.parametrize("members", [[], [(256, 256, 1000)]])

@@ -184,6 +184,23 @@ def test_rules_take_the_grid_from_the_planned_heads_and_log_it(plugin, caplog):
     assert not [r for r in caplog.records if r.levelname == "WARNING" and "kernel facts were not measured" not in r.getMessage()]
 
 
+@needs_grid_rules
+@pytest.mark.parametrize("planned, padded", [((32, 8, 128), True), (None, False)])
+def test_padded_calls_are_on_where_asked_and_the_startup_line_says_where_they_cannot_be(plugin, monkeypatch, caplog,
+                                                                                      planned, padded):
+    """SGLANG_CHUNK_ALIGN_PAD_TILES=1 with the backend's head_dim known: final pieces of any length. Where the
+    backend does not say its geometry, pads cannot be planned, and the startup line says so instead of
+    dropping the switch silently."""
+    monkeypatch.setenv("SGLANG_CHUNK_ALIGN_PAD_TILES", "1")
+    with caplog.at_level("INFO", logger="sglang_chunk_align"):
+        scheduler_alignment(lambda: flashinfer_backend(planned=planned), chunk=256)
+    rules = prefill_hooks.rules_in_force()
+    assert rules.pad_tiles is padded and rules.min_final == (1 if padded else rules.min_tail)
+    said = ("split attention on: one fa2 call per tile class, padded onto it where its pieces average too few rows"
+            if padded else "SGLANG_CHUNK_ALIGN_PAD_TILES=1 ignored: padded calls need split attention and a known head_dim")
+    assert said in caplog.text
+
+
 @pytest.fixture
 def flashinfer_release():
     """Make the plugin take the kernel facts of the flashinfer release named, as the harness

@@ -29,6 +29,10 @@ RULES = Rules(group=GROUP, head_dim=HEAD_DIM, facts=FI072, split_attention=True)
 # 50-token prompts (the 64-row class), and a 3-token prompt, whose KV is short enough for any tile.
 BATCH = ((512, 1536), (100, 100), (40, 40), (50, 50), (3, 3))
 GROUPS = ((0, 1, 4), (2, 3))
+# Padded calls (issue 48): a 10-token final piece of a 1034-token prompt, alone in the 128-row class,
+# beside a 40-token prompt; its call averages 10 rows unless a padding member lifts it over 64.
+PAD_RULES = Rules(group=GROUP, head_dim=HEAD_DIM, facts=FI072, split_attention=True, pad_tiles=True)
+PIECE = ((10, 1034), (40, 40))
 
 
 def tile_term(tile, kv_len):
@@ -85,23 +89,27 @@ def solo_rows(batch, q, kv_cache):
     return torch.cat(rows)
 
 
-def run(batch, groups):
-    q, kv_cache = torch.randn(sum(e for e, _ in batch), 2, 8), torch.rand(1000 * len(batch), 3)
+def run(batch, groups, pads=None):
+    q, kv_cache = torch.randn(sum(e for e, _ in batch), 2, 8), torch.rand(1000 * len(batch) + 1000, 3)  # pages past 1000
     qo, kv, pages, last = csr(batch)
-    split = SplitPrefill([TileWrapper() for _ in groups], groups)
+    split = SplitPrefill([TileWrapper() for _ in groups], groups, pads)
     split.begin_forward(qo, kv, pages, last, *HEADS, q_data_type="bf16", fixed_split_size=4096)
     # SGLang reuses its index buffers: the next plan overwrites them before this batch runs.
     qo.zero_(), kv.zero_(), pages.zero_(), last.zero_()
     return split.forward(q, kv_cache, causal=True), solo_rows(batch, q, kv_cache), split
 
 
+def split_of(batch, rules=RULES):
+    return tile_groups(rules, [e for e, _ in batch], [kv for _, kv in batch])
+
+
 def test_the_batch_splits_into_one_call_per_tile_class():
-    assert tile_groups(RULES, [e for e, _ in BATCH], [kv for _, kv in BATCH]) == GROUPS
+    assert (split_of(BATCH).groups, split_of(BATCH).pads) == (GROUPS, (0, 0))
+    assert split_of(BATCH, PAD_RULES) == split_of(BATCH)  # every call on its tile already: no pads
 
 
 def test_every_member_gets_its_solo_rows_in_batch_order_and_one_call_would_not():
-    groups = tile_groups(RULES, [e for e, _ in BATCH], [kv for _, kv in BATCH])
-    out, solo, split = run(BATCH, groups)
+    out, solo, split = run(BATCH, split_of(BATCH).groups)
     assert torch.equal(out, solo)
     one_call, solo, _ = run(BATCH, (tuple(range(len(BATCH))),))
     assert not torch.equal(one_call, solo)  # the control: the test can tell a call off the tile
@@ -115,6 +123,29 @@ def test_each_call_is_planned_over_its_own_requests_with_every_other_argument_as
     assert first[0].tolist() == [0, 50, 50 + 512] and first[1].tolist() == [0, 50, 50 + 1536]
     assert torch.equal(first[2], torch.cat([pages[kv[3]:kv[4]], pages[kv[0]:kv[1]]]))
     assert all(w.planned[4] == dict(q_data_type="bf16", fixed_split_size=4096) for w in split.wrappers)
+
+
+def test_a_padded_call_gives_a_short_final_piece_its_solo_rows_and_an_unpadded_one_would_not():
+    split = split_of(PIECE, PAD_RULES)
+    assert split.groups == ((0,), (1,)) and split.pads == (120, 0)  # (10 + 120) // 2 = 65 rows, over 64; 119 give 64
+    out, solo, _ = run(PIECE, split.groups, split.pads)
+    assert torch.equal(out, solo)
+    unpadded, solo, _ = run(PIECE, split.groups)
+    assert not torch.equal(unpadded, solo)  # the control: the same calls without the pad
+    assert split_of(PIECE).pads == (0, 0)  # the rules without pads leave it to the scheduler
+
+
+def test_a_lone_piece_is_padded_in_a_call_of_its_own():
+    """One class, one call: stock's path would plan it alone on a small tile, so it is split to be padded."""
+    split = split_of(PIECE[:1], PAD_RULES)
+    assert split.groups == ((0,),) and split.pads == (120,)
+    out, solo, padded = run(PIECE[:1], split.groups, split.pads)
+    assert torch.equal(out, solo)
+    qo, kv, pages, last, _ = padded.wrappers[0].planned
+    assert qo.tolist() == [0, 10, 130] and kv.tolist() == [0, 1034, 1154]
+    assert torch.equal(pages[1034:], torch.zeros(120, dtype=torch.int32))  # the first KV entry, repeated
+    assert last.tolist() == [1, 1] and torch.equal(padded.rows[0][10:], torch.zeros(120, dtype=torch.long))
+    assert split_of(PIECE[:1]) is None  # without pads: stock's one call
 
 
 def test_rows_past_the_batch_are_left_to_the_caller():

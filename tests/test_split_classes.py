@@ -3,7 +3,9 @@
 The check every test applies is written from the kernel rule itself, not from
 tile_conflicts: a call planned over one group gets Rules.batch_tile of that
 group's extends, and each member not exempt by its short KV must get its
-Rules.solo_tile there, unless split_by_tile said it cannot (off_tile).
+Rules.solo_tile there, unless split_by_tile said it cannot (off_tile). A
+padded call (issue 48: Rules.pad_tiles) counts its padding member's extend in
+that average.
 """
 
 from functools import partial
@@ -34,14 +36,16 @@ def member(draw):
 BATCHES = st.lists(member(), min_size=1, max_size=12)
 
 
-def missed(members, groups, rules):
-    """Indices whose call, planned over their group alone, does not run on their solo tile."""
+def missed(members, groups, rules, pads=None):
+    """Indices whose call, planned over their group alone (and its padding member's `pads` tokens
+    where not 0), does not run on their solo tile."""
+    pads = pads or [0] * len(groups)
     return sorted(
         i
-        for group in groups
+        for group, pad in zip(groups, pads)
         for i in group
         if members[i][1] > rules.exempt_kv
-        and rules.batch_tile([members[j][0] for j in group]) != rules.solo_tile(members[i][2])
+        and rules.batch_tile([members[j][0] for j in group] + ([pad] if pad else [])) != rules.solo_tile(members[i][2])
     )
 
 
@@ -138,3 +142,40 @@ def test_the_check_catches_two_classes_merged_into_one_call(rules, prompts, data
     assert len(merged) == 2
     wrong = [g for g in split.groups if g not in merged] + [merged[0] + merged[1]]
     assert missed(members, wrong, rules) != []
+
+
+# Padded calls (issue 48): split attention at a known head_dim, on both releases' facts.
+PADDED = [Rules(group=g, head_dim=d, split_attention=True, pad_tiles=True, facts=facts)
+          for g, d in ((1, 128), (3, 128), (4, 128), (7, 128), (2, 256), (4, 512)) for facts in (FI072, FI074)]
+
+
+@given(rules=st.sampled_from(PADDED), members=BATCHES)
+def test_a_padded_call_puts_every_member_on_its_solo_tile_with_the_fewest_tokens(rules, members):
+    split = split_by_tile(members, rules)
+    assert split.off_tile == () and missed(members, split.groups, rules, split.pads) == []
+    for group, pad in zip(split.groups, split.pads):
+        extends = [members[i][0] for i in group]
+        if pad > 1:  # one token fewer leaves the call on a smaller tile
+            assert rules.batch_tile([*extends, pad - 1]) != rules.batch_tile([*extends, pad])
+        if pad == 0:
+            assert missed(members, [group], rules) == []
+
+
+def test_the_piece_alone_in_its_class_is_padded_onto_its_tile():
+    """The short final piece that split attention alone leaves off its tile: the 10 tokens and a pad
+    of 120 average 65 rows, the 128-row tile. Without the pad the same call misses it (the check's
+    control)."""
+    rules = Rules(head_dim=128, split_attention=True, pad_tiles=True)
+    members = [(10, 1034, 1034), (40, 40, 40)]
+    split = split_by_tile(members, rules)
+    assert (split.groups, split.off_tile, split.pads) == (((0,), (1,)), (), (120, 0))
+    assert missed(members, split.groups, rules) == [0]
+
+
+def test_pads_need_split_attention_and_a_known_head_dim():
+    """Elsewhere a final piece keeps the full-tile length (min_final is min_tail) and nothing is padded."""
+    for rules in (Rules(head_dim=128, pad_tiles=True), Rules(split_attention=True, pad_tiles=True)):
+        assert not rules.pad_tiles and rules.min_final == rules.min_tail == 65
+        assert split_by_tile([(10, 1034, 1034)], rules).pads == (0,)
+    padded = Rules(head_dim=128, split_attention=True, pad_tiles=True)
+    assert (padded.min_tail, padded.min_final) == (65, 1)

@@ -17,7 +17,7 @@ prefill_hooks.counting_deferrals: a request deferred in n steps counts n times).
 
 What it takes is duck-typed, so that the package never imports the benchmarks:
 a scheduling configuration (name, chunk, deterministic, split_tile_env, plugin,
-rules, split_attention: benchmarks.workload.SchedulingConfig), a workload's pool sizes
+rules, split_attention, pad_tiles: benchmarks.workload.SchedulingConfig), a workload's pool sizes
 (kv_tokens, max_running_requests, max_prompt, max_output:
 benchmarks.workload.WorkloadSpec) and requests (rid, arrival_step, output_len:
 benchmarks.workload.RequestSpec). In the package, like standins.py, so the
@@ -47,6 +47,7 @@ def sglang_config(cfg, radix, page_size=1):
         "SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE": cfg.split_tile_env,
         "SGLANG_CHUNK_ALIGN_RULES": None if cfg.rules else 0,
         "SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION": None if cfg.split_attention else 0,
+        "SGLANG_CHUNK_ALIGN_PAD_TILES": 1 if cfg.pad_tiles else None,
     }
     saved_env = {name: os.environ.get(name) for name in env}
     for name, value in env.items():
@@ -366,9 +367,9 @@ def fa2_calls(entries):
     per tile class where the rules in force split attention (split_attention.plan_by_tile),
     else one."""
     rules = prefill_hooks.rules_in_force()
-    groups = rules is not None and rules.split_attention and tile_groups(
+    split = rules is not None and rules.split_attention and tile_groups(
         rules, [end - start for _, start, end in entries], [end for _, _, end in entries])
-    return [[entries[i] for i in group] for group in groups] if groups else [entries]
+    return [[entries[i] for i in group] for group in split.groups] if split else [entries]
 
 
 def checkpoint_kv(req, tree, stash=False):

@@ -32,13 +32,17 @@ from ..alignment import chunk_size_error
 from ..kernel_facts import chosen, facts_for, installed_flashinfer
 from ..compat import (
     DECODE_WAIT_ENV,
+    PAD_TILES_ENV,
     RADIX_OPT_IN_NEEDS,
     RULES_ENV,
+    SPLIT_ATTENTION_ENV,
     SUPPORTED_SGLANG,
+    SWITCHES,
     ChunkAlignError,
     admits,
     check_sglang_version,
     check_switches,
+    env_flag,
     installed_release,
     installed_version,
     radix_cache,
@@ -183,7 +187,10 @@ def run_plan(planner, args):
     facts, warning = facts_for(args.flashinfer or installed_flashinfer())
     if warning:
         print(f"WARNING: {warning}", file=sys.stderr)
-    rules = Rules(group=group, head_dim=head_dim, facts=facts)
+    # Split attention and padded calls as the switches give them to the scheduler: pads keep radix hits whole.
+    rules = Rules(group=group, head_dim=head_dim, facts=facts,
+                  split_attention=env_flag(SPLIT_ATTENTION_ENV, SWITCHES[SPLIT_ATTENTION_ENV]),
+                  pad_tiles=env_flag(PAD_TILES_ENV, SWITCHES[PAD_TILES_ENV]))
     # The chunk sizes the scheduler accepts, refused with its own message, naming plan's flag.
     error = chunk_size_error(args.chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail, flag="--chunk")
     if error:
