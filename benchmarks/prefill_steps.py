@@ -41,7 +41,9 @@ SHAPES = (ModelShape("granite-3.1-8b", 32, 8, 128), ModelShape("qwen2.5-7b", 28,
           ModelShape("llama-3.2-3b", 24, 8, 128))
 TRITON = SchedulingConfig("triton-256", 256, deterministic=False)  # no alignment: what SGLang gives triton
 SETUPS = ((TRITON, None), *((SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True), release)
-                           for release in ("0.7.2", "0.7.4") for chunk in (256, 512, 1024)))
+                           for release in ("0.7.2", "0.7.4") for chunk in (256, 512, 1024)),
+          # issue 48's padded calls (SGLANG_CHUNK_ALIGN_PAD_TILES=1): radix hits kept whole
+          *((SchedulingConfig("plugin-256-pad", 256, plugin=True, pad_tiles=True), release) for release in ("0.7.2", "0.7.4")))
 TURN_GAP_STEPS = 10_000  # longer than any turn: a conversation's next turn waits for its answer
 
 

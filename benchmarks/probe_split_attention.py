@@ -17,6 +17,10 @@ various cached prefixes), each member's rows are computed three ways:
   flashinfer wrappers sharing one workspace, planned with the whole batch's
   arguments as SGLang plans its wrappers, split where decisions.tile_groups
   splits from what the backend sees (extend and KV lengths): the code servers run.
+  Its calls are padded (issue 48, SGLANG_CHUNK_ALIGN_PAD_TILES=1): a class whose
+  extends average too few rows for its tile gets a padding member, so the
+  10-token final piece alone in its class is on its solo tile there, as the
+  split leaves it off (the split is that member's control).
 
 Every call is sglang_chunk_align/tools/fa2.py's PagedPrefill, planned as
 SGLang's deterministic flashinfer backend plans it (through
@@ -79,42 +83,50 @@ def batches(group):
     )
 
 
+def rules_at(shape, facts=None):
+    """The rules the probe splits and pads by at a shape: the installed flashinfer's facts, or `facts`."""
+    return Rules(group=shape.group, head_dim=shape.head_dim, facts=facts, split_attention=True, pad_tiles=True)
+
+
 def predictions(rules, batch):
     """Per member, what the rules predict: its solo tile, whether its KV is exempt, and the tile of
     its split call and of the mixed call; plus the split's groups (indices into batch.members)."""
     members = [(end - start, end, prompt_len) for start, end, prompt_len in batch.members]
     split = split_by_tile(members, rules)
     split_tile = {i: rules.batch_tile([members[j][0] for j in g]) for g in split.groups for i in g}
+    backend_tile = {i: rules.batch_tile([members[j][0] for j in g] + ([pad] if pad else []))
+                    for g, pad in zip(split.groups, split.pads) for i in g}
     mixed_tile = rules.batch_tile([extend for extend, _, _ in members])
     return split.groups, [
         dict(start=start, end=end, prompt_len=prompt_len, solo_tile=rules.solo_tile(prompt_len),
-             exempt=end <= rules.exempt_kv, split_tile=split_tile[i], mixed_tile=mixed_tile)
+             exempt=end <= rules.exempt_kv, split_tile=split_tile[i], backend_tile=backend_tile[i],
+             mixed_tile=mixed_tile)
         for i, (start, end, prompt_len) in enumerate(batch.members)
     ]
 
 
 def on_tile(member, call):
-    """Whether the rules predict the member exact in `call` ("split" or "mixed")."""
+    """Whether the rules predict the member exact in `call` ("split", "backend" or "mixed")."""
     return member["exempt"] or member[f"{call}_tile"] == member["solo_tile"]
 
 
 def run_backend(content, rules, extends, new_wrapper, plan_args, plan_kwargs, forward_args):
     """The batch of (rid, start, end) extends in one SplitPrefill, as the backend runs it: planned
     once with the whole batch's index arrays, then run once on the whole batch's q rows. Returns
-    (out rows at the requests' positions, the groups it ran)."""
+    (out rows at the requests' positions, the groups it ran, their pads)."""
     import torch
 
     dev, offset = content.device, content.offset
-    groups = tile_groups(rules, [e - s for _, s, e in extends], [e for _, _, e in extends]) or (
-        tuple(range(len(extends))),)
-    split = SplitPrefill([new_wrapper() for _ in groups], groups)
+    calls = tile_groups(rules, [e - s for _, s, e in extends], [e for _, _, e in extends])
+    groups, pads = (calls.groups, calls.pads) if calls else ((tuple(range(len(extends))),), (0,))
+    split = SplitPrefill([new_wrapper() for _ in groups], groups, pads)
     q_rows = torch.cat([torch.arange(offset[r] + s, offset[r] + e, device=dev) for r, s, e in extends])
     kv_indices = torch.cat([torch.arange(offset[r], offset[r] + e, device=dev) for r, _, e in extends])
     split.plan(fa2.indptr([e - s for _, s, e in extends], dev), fa2.indptr([e for _, _, e in extends], dev),
                kv_indices.to(torch.int32), torch.ones(len(extends), dtype=torch.int32, device=dev), *plan_args, **plan_kwargs)
     out = torch.zeros_like(content.q)
     out[q_rows] = split.forward(content.q[q_rows], (content.k_cache, content.v_cache), **forward_args)
-    return out, [list(g) for g in groups]
+    return out, [list(g) for g in groups], list(pads)
 
 
 def measure(shape, rules, batch, kernel, device="cuda", backend=None):
@@ -132,16 +144,16 @@ def measure(shape, rules, batch, kernel, device="cuda", backend=None):
         "split": run_batches(content, kernel, [[extends[i] for i in g] for g in groups], fa2.PREFILL_SPLIT),
         "mixed": run_batches(content, kernel, [extends], fa2.PREFILL_SPLIT),
     }
-    backend_groups = None
+    backend_groups = backend_pads = None
     if backend is not None:
-        outputs["backend"], backend_groups = run_backend(content, rules, extends, *backend)
+        outputs["backend"], backend_groups, backend_pads = run_backend(content, rules, extends, *backend)
     for rid, m in enumerate(members):
         rows = slice(content.offset[rid] + m["start"], content.offset[rid] + m["end"])
         for call, out in outputs.items():
             m[f"{call}_exact"] = bool((out[rows] == solo[rows]).all())
             m[f"{call}_max_abs"] = _max_abs(out[rows], solo[rows])
     return dict(shape=shape.name, batch=batch.name, groups=[list(g) for g in groups], backend_groups=backend_groups,
-                members=members)
+                backend_pads=backend_pads, members=members)
 
 
 def verdict(results):
@@ -153,16 +165,18 @@ def verdict(results):
     wrong = [m for m in members if on_tile(m, "split") and not m["split_exact"]]
     if wrong:
         return DOES_NOT_HOLD, [*reasons, f"{len(wrong)} member(s) on their solo tile in a class-only call differ"]
-    unlike = [m for m in members if on_tile(m, "split") and not m.get("backend_exact", True)]
+    unlike = [m for m in members if on_tile(m, "backend") and not m.get("backend_exact", True)]
     if unlike:
         return DOES_NOT_HOLD, [*reasons, f"{len(unlike)} member(s) on their solo tile differ in the backend's SplitPrefill"]
     if not any(not on_tile(m, "mixed") and not m["mixed_exact"] for m in members):
         return INCONCLUSIVE, [*reasons, "the control never differed: these batches do not show the tile matters"]
     if reasons:
         return INCONCLUSIVE, reasons
-    through_backend = sum(on_tile(m, "split") and "backend_exact" in m for m in members)
+    through_backend = sum(on_tile(m, "backend") and "backend_exact" in m for m in members)
+    padded = sum(on_tile(m, "backend") and not on_tile(m, "split") and "backend_exact" in m for m in members)
     return HOLDS, [f"{sum(on_tile(m, 'split') for m in members)} member(s) on their solo tile split are exact, "
-                   f"{through_backend} of them through the backend's SplitPrefill"]
+                   f"{through_backend} on their solo tile through the backend's SplitPrefill ({padded} of them "
+                   f"only in a padded call)"]
 
 
 def format_member(m):
@@ -173,7 +187,8 @@ def format_member(m):
     exempt = ", KV exempt" if m["exempt"] else ""
     backend = ""
     if "backend_exact" in m:
-        backend = "; backend " + ("exact" if m["backend_exact"] else f"differs (max abs {m['backend_max_abs']:.3g})")
+        backend = f"; backend tile {m['backend_tile']} " + (
+            "exact" if m["backend_exact"] else f"differs (max abs {m['backend_max_abs']:.3g})")
     return (f"  extend {m['start']}-{m['end']} of {m['prompt_len']}: solo tile {m['solo_tile']}{exempt}; "
             f"{call('split')}; {call('mixed')}{backend}")
 
@@ -232,7 +247,7 @@ def main(argv=None):
     env = dict(environment(), kernel_facts=installed_facts().describe())  # fails here without flashinfer
     results = []
     for shape in SHAPES:
-        rules = Rules(group=shape.group, head_dim=shape.head_dim)
+        rules = rules_at(shape)
         kernel = Fa2PagedPrefill(shape)
         backend = sglang_wrappers(shape, kernel.workspace)
         for batch in batches(shape.group):

@@ -118,6 +118,9 @@ SETUPS = {
     # The plugin as a user turns it on: SGLANG_PLUGINS=chunk_align and no switch (the decode wait off).
     "plugin-256-defaults": Setup("plugin, chunk 256, radix cache, the plugin's defaults", 256, PLUGIN,
                                  long_prompts=True),
+    # Issue 48's padded calls: radix hits kept whole, a short final piece's split call padded onto its tile.
+    "plugin-256-pad": Setup("plugin, chunk 256, radix cache, the plugin's defaults and padded calls", 256,
+                            {**PLUGIN, "SGLANG_CHUNK_ALIGN_PAD_TILES": "1"}),
     "plugin-256-no-wait": Setup("plugin, chunk 256, radix cache, decode wait off (stock's prefill-first order)",
                                 256, WAIT_OFF),
     "plugin-256-interval-1": Setup("plugin, chunk 256, radix cache, --prefill-decode-interval 1", 256, PLUGIN,

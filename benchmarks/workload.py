@@ -150,6 +150,7 @@ class SchedulingConfig:
     plugin: bool = False  # sglang_chunk_align.apply() before scheduling
     rules: bool = True  # with the plugin: its grid rules (SGLANG_CHUNK_ALIGN_RULES=0 turns them off)
     split_attention: bool = True  # with the rules: split attention (SGLANG_CHUNK_ALIGN_SPLIT_ATTENTION=0 turns it off)
+    pad_tiles: bool = False  # with split attention: padded calls (SGLANG_CHUNK_ALIGN_PAD_TILES=1 turns them on)
 
     @property
     def fixed_split(self):

@@ -18,6 +18,8 @@
 # beside 0.7.4's record. LIMIT: the session's device time left at the call, less 400 s (a machine's start took
 # about 270 s, and the prelude and the collecting calls need the rest; a start that fails costs 90 s, so check
 # the time left after each).
+# Third, issue 48's padded calls (plugin-256-pad: radix hits kept whole, SGLANG_CHUNK_ALIGN_PAD_TILES=1), verified
+# like every setup; after the serving run, the split-attention probe with pads (PROBE_LIMIT, 120 s; 0 skips it).
 # The control is timed too, so it is the non-deterministic ceiling as well (no second non-deterministic
 # server), and it runs second: a run cut short by the limit loses its last setups, never the control
 # (call8's limit cut its control, timed last). Then the larger chunks: 1024 first (Qwen's run never reached it,
@@ -40,7 +42,11 @@ record_stack ""
 stand_in
 step serving "$limit" $py benchmarks/serving.py --model-path "benchmarks/models/$model" --weights random \
   --checkpoints /tmp/checkpoints \
-  --setups "${SETUPS:-plugin-256-defaults,nondet-256-control,triton-256,stock-4096,plugin-1024-defaults,plugin-512-defaults,plugin-1024,triton-256-gemms}" \
+  --setups "${SETUPS:-plugin-256-defaults,nondet-256-control,plugin-256-pad,triton-256,stock-4096,plugin-1024-defaults,plugin-512-defaults,plugin-1024,triton-256-gemms}" \
   --workloads rl,agent --repeat-setups "" --skip-long-prompts --deadline-s $(( limit - 120 )) \
   --out "$out/serving.json" --logs "$out/serving-logs"
+# Padded calls' kernel premise on the installed flashinfer: each member of split attention's probe batches,
+# through SplitPrefill with pads, against its solo prefill (the 10-token final piece alone in its class is
+# padded at GQA 1 and 4).
+[ "${PROBE_LIMIT:-120}" -gt 0 ] && step probe_pads "${PROBE_LIMIT:-120}" $py -m benchmarks.probe_split_attention --json "$out/probe_pads.json"
 echo "== all steps ended $(date +%T)"
