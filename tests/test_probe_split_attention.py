@@ -18,7 +18,7 @@ ROOT = pathlib.Path(__file__).parent.parent
 
 def rules_of(shape):
     """flashinfer 0.7.2's rules (what the H200 runs) at a shape, whatever is installed here."""
-    return Rules(group=shape.group, head_dim=shape.head_dim, facts=FI072)
+    return probe.rules_at(shape, FI072)
 
 
 def predicted(shape):
@@ -50,7 +50,7 @@ def measured_as_predicted(shape):
     for batch in probe.batches(shape.group):
         groups, members = probe.predictions(rules_of(shape), batch)
         for m in members:
-            for call in ("split", "mixed"):
+            for call in ("split", "mixed", "backend"):
                 m[f"{call}_exact"] = probe.on_tile(m, call)
                 m[f"{call}_max_abs"] = 0.0 if m[f"{call}_exact"] else 1e-3
         results.append(dict(shape=shape.name, batch=batch.name, groups=groups, members=members))
@@ -62,6 +62,23 @@ def test_the_premise_holds_where_measurements_follow_the_tile():
     assert outcome == probe.HOLDS, reasons
     lines = [probe.format_member(m) for r in measured_as_predicted(SHAPES[3]) for m in r["members"]]
     assert any("split tile 64 exact; mixed tile 128 differs (max abs 0.001)" in line for line in lines)
+
+
+def test_the_backend_pads_the_piece_the_split_leaves_off_its_tile():
+    """The same members, padded in the backend's SplitPrefill (issue 48): the probe measures pads there."""
+    padded = {shape.name for shape in SHAPES for m in predicted(shape)
+              if probe.on_tile(m, "backend") and not probe.on_tile(m, "split")}
+    assert padded == {"g1-d128", "g4-d128"}
+    assert all(probe.on_tile(m, "backend") for shape in SHAPES for m in predicted(shape))
+    outcome, reasons = probe.verdict([r for shape in SHAPES for r in measured_as_predicted(shape)])
+    assert "(2 of them only in a padded call)" in reasons[0]
+
+
+def test_a_padded_member_that_differs_in_the_backend_refutes_the_premise():
+    results = measured_as_predicted(next(s for s in SHAPES if s.name == "g1-d128"))
+    member = next(m for r in results for m in r["members"] if not probe.on_tile(m, "split"))
+    member["backend_exact"] = False
+    assert probe.verdict(results)[0] == probe.DOES_NOT_HOLD
 
 
 def test_a_member_on_its_tile_that_differs_split_refutes_the_premise():
