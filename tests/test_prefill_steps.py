@@ -69,12 +69,22 @@ def test_the_record_is_what_the_scheduler_gives_now(qwen_rollouts):
 def test_benchmarks_readme_gives_the_records_ratios():
     text = (ROOT / "benchmarks/README.md").read_text()
     table = text[text.index("| chunk 256 | Granite rl / agents"):].split("\n\n")[0].splitlines()[2:]
-    rows = {(r["workload"], r["shape"], r["flashinfer_facts"]): r for r in RECORD["rows"] if r["setup"] == "plugin-256"}
-    for line, (key, release, form) in zip(table, [("steps_to_triton", "0.7.2", "{:.2f}x"), ("steps_to_triton", "0.7.4", "{:.2f}x"),
-                                                  ("hits_to_triton", "0.7.2", "{:.2f}"), ("hits_to_triton", "0.7.4", "{:.2f}")]):
+    rows = {(r["workload"], r["shape"], r["setup"], r["flashinfer_facts"]): r for r in RECORD["rows"]}
+    steps, hits = ("steps_to_triton", "{:.2f}x"), ("hits_to_triton", "{:.2f}")
+    said = [(*steps, "plugin-256", "0.7.2"), (*steps, "plugin-256", "0.7.4"), (*hits, "plugin-256", "0.7.2"),
+            (*hits, "plugin-256", "0.7.4"), (*steps, "plugin-256-pad", "0.7.4"), (*hits, "plugin-256-pad", "0.7.4")]
+    assert len(table) == len(said)
+    for line, (key, form, setup, release) in zip(table, said):
         cells = [cell.strip() for cell in line.strip("|").split("|")][1:]
-        assert cells == [" / ".join(form.format(rows[(w, shape.name, release)][key]) for w in ("rl", "agent"))
+        assert cells == [" / ".join(form.format(rows[(w, shape.name, setup, release)][key]) for w in ("rl", "agent"))
                          for shape in prefill_steps.SHAPES], line
+    granite, _, llama = (
+        [rows[("rl", shape.name, setup, release)]["prefill_steps"]
+         for setup, release in (("plugin-256-pad", "0.7.4"), ("triton-256", None), ("plugin-256", "0.7.4"))]
+        for shape in prefill_steps.SHAPES)
+    flat = " ".join(text.split())
+    assert (f"Llama-3.2-3B's rollouts schedule {llama[0]} steps against triton's {llama[1]} ({llama[2]} without pads), "
+            f"Granite's triton's {granite[1]} ({granite[2]})") in flat and granite[0] == granite[1]
 
 
 def test_the_serving_doc_gives_qwens_ratios_from_the_record():
