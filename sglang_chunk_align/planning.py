@@ -208,8 +208,8 @@ def call_pad(extends, tile, rules):
     above = rules.facts.rows_above(tile, rules.head_dim) if rules.pad_tiles else None
     if above is None:
         return None
-    calls = len(extends) + 1
-    pad = max(1, -(-(above + 1) * calls // rules.group) - sum(extends))
+    members = len(extends) + 1  # the pad is one more
+    pad = max(1, -(-(above + 1) * members // rules.group) - sum(extends))
     return pad if rules.batch_tile([*extends, pad]) == tile else None
 
 
