@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from benchmarks import serving_plot
+from benchmarks import probe_split_attention, serving_plot
 from benchmarks.random_checkpoint import describe
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -215,3 +215,30 @@ def test_the_readme_says_which_setups_the_qwen_run_verified():
     assert f"({stock[0]} and {stock[1]} of 36 `verify` requests identical in two passes)" in README
     assert ("every chat turn after a radix hit ending mid-prompt differed from its unchunked reference (27 of 36 "
             "`verify` requests identical), where the plugin passed 36 of 36, in both runs on well-scaled weights") in README
+
+
+PADDED = json.loads((RECORDS / "padded-calls-h100-fi074/probe_pads.json").read_text())
+
+
+def test_the_padded_calls_probe_held_on_flashinfer_074_with_its_control():
+    """benchmarks/probe_split_attention.py with pads, on an H100: its verdict read again from its members, the
+    two members only a pad put on their tile exact, the same members unpadded (their control) not."""
+    assert PADDED["environment"]["flashinfer"] == "0.7.4" and "H100" in PADDED["environment"]["gpu"]
+    assert probe_split_attention.verdict(PADDED["results"]) == (PADDED["verdict"], PADDED["reasons"])
+    assert PADDED["verdict"] == probe_split_attention.HOLDS
+    padded = [(r["shape"], r["backend_pads"], m) for r in PADDED["results"] for m in r["members"]
+              if probe_split_attention.on_tile(m, "backend") and not probe_split_attention.on_tile(m, "split")]
+    assert [(shape, pads, m["start"], m["end"]) for shape, pads, m in padded] == [
+        ("g4-d128", [43], 1024, 1034), ("g1-d128", [175, 0], 1024, 1034)]
+    assert all(m["backend_exact"] and not m["split_exact"] for _, _, m in padded)
+    on_tile = sum(probe_split_attention.on_tile(m, "backend") for r in PADDED["results"] for m in r["members"])
+    assert (f"{on_tile} members on their solo tile, {len(padded)} of them only because their call was padded" in COMMANDS
+            and "at GQA 4 its call got a pad of 43 tokens and at GQA 1 one of 175" in COMMANDS)
+
+
+def test_the_llama_run_the_limit_cut_kept_its_reference_and_its_timing():
+    run = json.loads((RECORDS / "llama-3.2-3b-fi074-cut/serving.json").read_text())
+    assert run["weights"] == describe(0) and run["stack"]["flashinfer-python"] == "0.7.4"
+    assert [r["ok"] for r in run["references"]] == [True]
+    assert [(s["setup"], s["error"]) for s in run["setups"]] == [("plugin-256-pad", "deadline: not run")]
+    assert f"the unchunked reference and the control's kernels took {run['kernels_compiled']['nondet-256-control']} s" in COMMANDS
