@@ -210,7 +210,8 @@ FI072 = KernelFacts(
 )
 
 # flashinfer 0.7.4, same machine and probe, 2026-12-01; `sglang-chunk-align probe` confirmed every
-# fact at GQA 1, 4, 8 and head_dim 128 and 256, decoded rows included (they differ, as on 0.7.2).
+# fact at GQA 1, 4, 8 and head_dim 128 and 256, decoded rows included (they differ, as on 0.7.2), and on an
+# H100 on 2026-12-07 at GQA 3, head_dim 128 (Llama-3.2-3B's shape).
 FI074 = KernelFacts(
     flashinfer="0.7.4",
     grid_rows=None,
@@ -224,8 +225,10 @@ FI074 = KernelFacts(
          "GQA 4 head_dim 128", "tests/gpu/evidence/fa2_probe_h200_fi074.json"),
         *((f"`sglang-chunk-align probe`: every fact holds at head_dim {d}; decoded rows differ from the "
            "solo prefill's", "GQA 1, 4, 8", f"tests/gpu/evidence/probe_h200_fi074_d{d}.json") for d in (128, 256)),
+        ("`sglang-chunk-align probe --group 3 --head-dim 128` on an H100: every fact holds", "GQA 3 at head_dim 128",
+         "tests/gpu/evidence/probe_h100_fi074_g3_d128.json"),
     ),
-    measured_shapes=((128, (1, 4, 8)), (256, (1, 2, 4, 8))),
+    measured_shapes=((128, (1, 3, 4, 8)), (256, (1, 2, 4, 8))),
 )
 
 FACTS = {facts.flashinfer: facts for facts in (FI072, FI074)}
