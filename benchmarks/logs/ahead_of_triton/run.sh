@@ -17,7 +17,9 @@
 # MODEL=qwen2.5-7b on 0.7.2 (`source .stage/gpu_prelude.sh`, carry .stage/fi072), the release SGLang pins,
 # beside 0.7.4's record. LIMIT: the session's device time left at the call, less 400 s (a machine's start took
 # about 270 s, and the prelude and the collecting calls need the rest; a start that fails costs 90 s, so check
-# the time left after each).
+# the time left after each). On a fresh machine the references and the control's kernels take about 300 s
+# before the first setup (275.6 s for Llama-3.2-3B on an H100, llama-3.2-3b-fi074-cut/, whose LIMIT=430 ran
+# none): LIMIT needs about 300 s, plus 120 s of --deadline-s margin, more than the setups it should reach.
 # Third, issue 48's padded calls (plugin-256-pad: radix hits kept whole, SGLANG_CHUNK_ALIGN_PAD_TILES=1), verified
 # like every setup; after the serving run, the split-attention probe with pads (PROBE_LIMIT, 120 s; 0 skips it).
 # The control is timed too, so it is the non-deterministic ceiling as well (no second non-deterministic
