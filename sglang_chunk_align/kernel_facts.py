@@ -81,7 +81,11 @@ class KernelFacts(NamedTuple):
         """
         if head_dim is None:
             return tuple(self._tile(packed_rows, cls) for cls in self.tile_classes)
-        return self._tile(packed_rows, max(cls for cls in self.tile_classes if cls[0] <= head_dim))
+        return self._tile(packed_rows, self._tile_class(head_dim))
+
+    def _tile_class(self, head_dim):
+        """The tile class a known `head_dim` plans with: the last whose least head_dim it reaches."""
+        return max(cls for cls in self.tile_classes if cls[0] <= head_dim)
 
     @staticmethod
     def _tile(packed_rows, tile_class):
@@ -98,7 +102,7 @@ class KernelFacts(NamedTuple):
     def rows_above(self, tile, head_dim):
         """The packed rows a call's integer average must exceed to get `tile` at a known `head_dim`;
         None for the smallest tile (below every threshold)."""
-        _, thresholds, _ = max(cls for cls in self.tile_classes if cls[0] <= head_dim)
+        _, thresholds, _ = self._tile_class(head_dim)
         return next((above for above, got in thresholds if got == tile), None)
 
     @property

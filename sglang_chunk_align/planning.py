@@ -239,7 +239,7 @@ def split_by_tile(members, rules):
             classes.setdefault(rules.solo_tile(prompt_len), []).append(i)
         else:
             exempt.append(i)
-    calls = [(tile, group) for tile, group in classes.items()]  # (the class's solo tile, its members)
+    calls = list(classes.items())  # (the class's solo tile, its members)
 
     def off_tile(group):
         conflicts = tile_conflicts([members[i] for i in group], rules)
@@ -293,9 +293,9 @@ def _describe(start, end, prompt_len, rules, padded):
     """A chunk with its tile (at head_dim 128 where the head_dim is unknown) and its hazards. Where
     the rules run (`padded`) and pad calls, the backend pads the chunk's call onto the class of its
     KV end (decisions.tile_groups), as here."""
-    tile, solo = rules.batch_tile([end - start]), rules.solo_tile(prompt_len)
-    if padded and end > rules.exempt_kv and call_pad([end - start], rules.solo_tile(end), rules):
-        tile = rules.solo_tile(end)
+    tile, solo, kv_class = rules.batch_tile([end - start]), rules.solo_tile(prompt_len), rules.solo_tile(end)
+    if padded and end > rules.exempt_kv and call_pad([end - start], kv_class, rules):
+        tile = kv_class
     hazards = []
     rows = rules.facts.grid_rows
     if rows and start % q_tile_grid(rows, rules.group):
