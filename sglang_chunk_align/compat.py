@@ -168,6 +168,11 @@ def env_flag(name, default):
     return default if raw == "" else raw == "1"
 
 
+def switch(name):
+    """A switch of SWITCHES as the environment sets it, its default where unset."""
+    return env_flag(name, SWITCHES[name])
+
+
 def _invalid_switch(name, raw, default):
     unset = "on where the grid rules make it exact" if default is None else int(default)  # None: the radix switch
     return f"{name}={raw!r} is not valid: use 1 or 0 (unset means {unset})."

@@ -357,9 +357,9 @@ def startup_table(model, previous, tune_shape=None, tile_split=None):
     lines; None where both switches keep stock's one config. `tune_shape(shape, weight, bias)` ->
     tune()'s answer; None: tune() on this GPU's clock. `tile_split(shape, weight, bias, splits,
     configs)` -> split_tiles()'s answer; None: split_tiles() on this GPU's clock."""
-    from .compat import FAST_GEMMS_ENV, GEMMS_ENV, SWITCHES, env_flag
+    from .compat import FAST_GEMMS_ENV, GEMMS_ENV, switch
 
-    per_m, fast = (env_flag(name, SWITCHES[name]) for name in (GEMMS_ENV, FAST_GEMMS_ENV))
+    per_m, fast = switch(GEMMS_ENV), switch(FAST_GEMMS_ENV)
     if not (per_m or fast):
         logger.info("sglang-chunk-align: batch-invariant GEMMs keep stock's one config (%s=0)", GEMMS_ENV)
         return None

@@ -80,9 +80,9 @@ def _fusable(norm, x, residual, post_residual_addition):
 def _switched_on():
     """The switch, read once (its startup line then says what runs)."""
     if "on" not in _state:
-        from .compat import NORMS_ENV, SWITCHES, env_flag
+        from .compat import NORMS_ENV, switch
 
-        _state["on"] = env_flag(NORMS_ENV, SWITCHES[NORMS_ENV])
+        _state["on"] = switch(NORMS_ENV)
         logger.info(
             "sglang-chunk-align: RMSNorms that add a residual run as three kernels in stock's arithmetic, "
             "for stock's bits (%s=0 keeps stock's eleven)" if _state["on"] else

@@ -16,8 +16,8 @@ from . import decode_wait, prefill_hooks, releases, split_attention, unsplit_dec
 from .alignment import chunk_size_error
 from .backends import NOTHING, facts_needed, planned_prefill
 from .compat import (
-    DECODE_WAIT_ENV, PAD_TILES_ENV, RULES_ENV, SPLIT_ATTENTION_ENV, SWITCHES, UNSPLIT_DECODE_ENV, check_switches, env_flag,
-    installed_version, radix_cache, sglang_at_least,
+    DECODE_WAIT_ENV, PAD_TILES_ENV, RULES_ENV, SPLIT_ATTENTION_ENV, UNSPLIT_DECODE_ENV, check_switches, installed_version,
+    radix_cache, sglang_at_least, switch,
 )
 from .planning import Rules
 
@@ -126,11 +126,11 @@ def _decide(scheduler, rules_available):
     startup = Startup(backend, declared, facts, rules_available)
     if not startup.armed:
         return startup
-    if scheduler.truncation_align_size is not None and rules_available and env_flag(RULES_ENV, True):
+    if scheduler.truncation_align_size is not None and rules_available and switch(RULES_ENV):
         startup.rules = _rules_for(scheduler, declared, facts)
     startup.radix, startup.radix_refusal = _radix_cache(scheduler)
     startup.decode_wait, startup.decode_wait_note = _decode_wait(scheduler)
-    startup.unsplit_decode = env_flag(UNSPLIT_DECODE_ENV, SWITCHES[UNSPLIT_DECODE_ENV])
+    startup.unsplit_decode = switch(UNSPLIT_DECODE_ENV)
     return startup
 
 
@@ -138,7 +138,7 @@ def _decode_wait(scheduler):
     """Whether decoding requests wait at most decode_wait.DECODE_WAIT_S behind prefill chunks here,
     and the startup line's words for it."""
     interval = getattr(scheduler, "prefill_decode_interval", 0)
-    if not env_flag(DECODE_WAIT_ENV, SWITCHES[DECODE_WAIT_ENV]):
+    if not switch(DECODE_WAIT_ENV):
         return None, f"decode waits behind every queued chunk (stock's order; {DECODE_WAIT_ENV}=1 bounds the wait)"
     if interval:
         return None, f"decode waits as --prefill-decode-interval {interval} says (SGLang's own interval)"
@@ -227,11 +227,11 @@ def _rules_for(scheduler, declared, facts):
     split its prefill (split_attention.serves) and the switch leaves it on, and padded calls where
     their switch asks (Rules keeps them to split attention at a known head_dim)."""
     page_size = getattr(scheduler, "page_size", None) or 1
-    split = env_flag(SPLIT_ATTENTION_ENV, SWITCHES[SPLIT_ATTENTION_ENV]) and all(map(split_attention.serves, declared.fa2))
+    split = switch(SPLIT_ATTENTION_ENV) and all(map(split_attention.serves, declared.fa2))
     geometry = declared.geometry
     shape = {} if geometry is None else {"group": geometry.group, "head_dim": geometry.head_dim}
     return Rules(**shape, page_size=page_size, facts=facts, split_attention=split, packed_chunk=declared.packed_chunk,
-                 pad_tiles=env_flag(PAD_TILES_ENV, SWITCHES[PAD_TILES_ENV]))
+                 pad_tiles=switch(PAD_TILES_ENV))
 
 
 def _describe_rules(rules, declared):
@@ -240,7 +240,7 @@ def _describe_rules(rules, declared):
              else "split attention off: requests wait to keep each batch on one tile")
     if rules.pad_tiles:
         split += ", padded onto it where its pieces average too few rows"
-    elif env_flag(PAD_TILES_ENV, SWITCHES[PAD_TILES_ENV]):
+    elif switch(PAD_TILES_ENV):
         split += f"; {PAD_TILES_ENV}=1 ignored: padded calls need split attention and a known head_dim"
     return f"on: {rules.describe()}, from {source}; {split}"
 
