@@ -263,6 +263,7 @@ class Chunk(NamedTuple):
     end: int
     tile: int
     hazards: tuple
+    pad: int  # the tokens of the padding member its call gets (call_pad; 0: none)
 
 
 def plan(prompt_len, cached, chunk, rules, aligned=True):
@@ -294,7 +295,8 @@ def _describe(start, end, prompt_len, rules, padded):
     the rules run (`padded`) and pad calls, the backend pads the chunk's call onto the class of its
     KV end (decisions.tile_groups), as here."""
     tile, solo, kv_class = rules.batch_tile([end - start]), rules.solo_tile(prompt_len), rules.solo_tile(end)
-    if padded and end > rules.exempt_kv and call_pad([end - start], kv_class, rules):
+    pad = (padded and end > rules.exempt_kv and call_pad([end - start], kv_class, rules)) or 0
+    if pad:
         tile = kv_class
     hazards = []
     rows = rules.facts.grid_rows
@@ -302,7 +304,7 @@ def _describe(start, end, prompt_len, rules, padded):
         hazards.append("starts off the q-tile grid")
     if end > rules.exempt_kv and tile != solo:
         hazards.append(f"runs on the {_rows(tile)}-row tile, solo prefill on {_rows(solo)}")
-    return Chunk(start, end, _rows(tile), tuple(hazards))
+    return Chunk(start, end, _rows(tile), tuple(hazards), pad)
 
 
 def _rows(tile):

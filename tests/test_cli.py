@@ -310,7 +310,7 @@ def test_plan_command_keeps_a_radix_hit_whole_where_calls_are_padded():
     args = ("plan", "--prompt-len", "2500", "--cached", "2490", "--chunk", "256", "--group", "3", "--head-dim", "128",
             "--flashinfer", "0.7.4")
     padded = _cli(*args, SGLANG_CHUNK_ALIGN_PAD_TILES="1").stdout
-    assert "sglang-chunk-align: 1 chunk, 0 with hazards\n  [  2490,   2500)  tile 128  ok" in padded
+    assert "sglang-chunk-align: 1 chunk, 0 with hazards\n  [  2490,   2500)  tile 128 (its call padded by 34 tokens)  ok" in padded
     assert "[  2490,   2500)  tile 64  runs on the 64-row tile, solo prefill on 128" in padded
     assert "pieces over 21 tokens before a prompt's end, final pieces of any length (calls padded to their tiles)" in padded
     assert "sglang-chunk-align: 1 chunk, 0 with hazards\n  [  2478,   2500)  tile 128  ok" in _cli(*args).stdout
@@ -322,9 +322,9 @@ def test_plan_command_json_shows_the_short_final_piece_riding_along_at_chunk_128
     result = _cli("plan", "--prompt-len", "1040", "--chunk", "128", "--json")
     assert result.returncode == 0, result.stderr
     plans = json.loads(result.stdout)
-    assert plans["sglang-chunk-align"][-1] == {"start": 896, "end": 1040, "tile": 128, "hazards": []}
+    assert plans["sglang-chunk-align"][-1] == {"start": 896, "end": 1040, "tile": 128, "hazards": [], "pad": 0}
     assert plans["upstream length alignment"][-1] == {
-        "start": 1024, "end": 1040, "tile": 16, "hazards": ["runs on the 16-row tile, solo prefill on 128"],
+        "start": 1024, "end": 1040, "tile": 16, "hazards": ["runs on the 16-row tile, solo prefill on 128"], "pad": 0,
     }
 
 

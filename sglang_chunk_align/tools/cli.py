@@ -37,17 +37,16 @@ from ..compat import (
     RULES_ENV,
     SPLIT_ATTENTION_ENV,
     SUPPORTED_SGLANG,
-    SWITCHES,
     ChunkAlignError,
     admits,
     check_sglang_version,
     check_switches,
-    env_flag,
     installed_release,
     installed_version,
     radix_cache,
     sglang_at_least,
     sglang_missing,
+    switch,
     switch_values,
 )
 
@@ -189,8 +188,8 @@ def run_plan(planner, args):
         print(f"WARNING: {warning}", file=sys.stderr)
     # Split attention and padded calls as the switches give them to the scheduler: pads keep radix hits whole.
     rules = Rules(group=group, head_dim=head_dim, facts=facts,
-                  split_attention=env_flag(SPLIT_ATTENTION_ENV, SWITCHES[SPLIT_ATTENTION_ENV]),
-                  pad_tiles=env_flag(PAD_TILES_ENV, SWITCHES[PAD_TILES_ENV]))
+                  split_attention=switch(SPLIT_ATTENTION_ENV),
+                  pad_tiles=switch(PAD_TILES_ENV))
     # The chunk sizes the scheduler accepts, refused with its own message, naming plan's flag.
     error = chunk_size_error(args.chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail, flag="--chunk")
     if error:
@@ -218,7 +217,8 @@ def run_plan(planner, args):
             hazards = sum(bool(c.hazards) for c in chunks)
             print(f"{name}: {len(chunks)} chunk{'s' * (len(chunks) != 1)}, {hazards} with hazards")
             for c in chunks:
-                print(f"  [{c.start:>6}, {c.end:>6})  tile {c.tile}  {'; '.join(c.hazards) or 'ok'}")
+                padded = f" (its call padded by {c.pad} tokens)" * bool(c.pad)
+                print(f"  [{c.start:>6}, {c.end:>6})  tile {c.tile}{padded}  {'; '.join(c.hazards) or 'ok'}")
     return 0
 
 
