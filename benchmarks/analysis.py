@@ -37,9 +37,15 @@ def schedule_stats(schedule, requests):
 
 def fa2_calls(schedule):
     """The schedule's fa2 prefill calls: its steps, split by tile class where the scheduler driver
-    recorded split attention's calls (a schedule where no step split, or recorded before split
-    attention, has steps alone)."""
+    recorded split attention's calls (a schedule where no step split or was padded, or recorded
+    before split attention, has steps alone)."""
     return schedule.get("calls", schedule["steps"])
+
+
+def call_pads(schedule):
+    """The tokens of each fa2 call's padding member, 0 for none (a schedule the scheduler driver
+    recorded no pad in, or recorded before pads, has none)."""
+    return schedule.get("pads", [0] * len(fa2_calls(schedule)))
 
 
 def predict_hazards(schedule, requests, shape: ModelShape, facts=None):
@@ -63,8 +69,8 @@ def predict_hazards(schedule, requests, shape: ModelShape, facts=None):
     solo_tile = {rid: facts.cta_tile(r.prompt_len * g, d) for rid, r in requests.items()}
     spans = {rid: [] for rid in requests}  # rid -> [(first row, end row, hazards)]
     partial_tiles = {rid: [] for rid in requests}  # rid -> [(first row, end row)] of partial q-tiles
-    for step in fa2_calls(schedule):
-        tile = facts.cta_tile(sum((e - s) * g for _, s, e in step) // len(step), d)
+    for step, pad in zip(fa2_calls(schedule), call_pads(schedule)):  # a padding member counts as a request
+        tile = facts.cta_tile((sum((e - s) * g for _, s, e in step) + pad * g) // (len(step) + bool(pad)), d)
         for rid, s, e in step:
             tile_start = e * g // tile * tile // g  # tokens; the start of the tile holding row e - 1
             if e * g % tile and tile_start < e and not facts.partial_tile_rows_equal:

@@ -33,7 +33,7 @@ from sglang_chunk_align.compat import installed_release
 from sglang_chunk_align.harness.scheduler_driver import OUTPUT_BASE, SchedulerDriver, sglang_config, truncation_align_size
 
 from .serving import AGENT_ANSWER_TOKENS, agent_parts, rl_requests
-from .workload import ModelShape, RequestSpec, SchedulingConfig, WorkloadSpec
+from .workload import PAD_CONFIGS, ModelShape, RequestSpec, SchedulingConfig, WorkloadSpec
 
 MODELS = pathlib.Path(__file__).resolve().parent / "models"
 # Granite's and Qwen's serving runs, and an odd group no serving run has used (Llama-3.2-3B: GQA 3).
@@ -42,8 +42,7 @@ SHAPES = (ModelShape("granite-3.1-8b", 32, 8, 128), ModelShape("qwen2.5-7b", 28,
 TRITON = SchedulingConfig("triton-256", 256, deterministic=False)  # no alignment: what SGLang gives triton
 SETUPS = ((TRITON, None), *((SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True), release)
                            for release in ("0.7.2", "0.7.4") for chunk in (256, 512, 1024)),
-          # issue 48's padded calls (SGLANG_CHUNK_ALIGN_PAD_TILES=1): radix hits kept whole
-          *((SchedulingConfig("plugin-256-pad", 256, plugin=True, pad_tiles=True), release) for release in ("0.7.2", "0.7.4")))
+          *((padded, release) for padded in PAD_CONFIGS for release in ("0.7.2", "0.7.4")))
 TURN_GAP_STEPS = 10_000  # longer than any turn: a conversation's next turn waits for its answer
 
 

@@ -39,7 +39,7 @@ from sglang_chunk_align.decisions import BEHIND_A_PARKED_CHUNK, OFF_TILE_IN_ITS_
 from sglang_chunk_align.kernel_facts import facts_for
 from sglang_chunk_align.tools import fa2
 
-from .analysis import fa2_calls, predict_hazards, prediction_summary, schedule_stats
+from .analysis import call_pads, fa2_calls, predict_hazards, prediction_summary, schedule_stats
 from .scheduling import donor_runs, load_requests, schedule_workload
 from .workload import CONFIGS, NAMED_CONFIGS, SHAPES, UNCAPPED_KV_TOKENS, WORKLOAD_SEED, WORKLOADS, ModelShape, WorkloadSpec
 
@@ -136,22 +136,26 @@ def _seed(name):
     return int(hashlib.sha256(f"{WORKLOAD_SEED}/{name}".encode()).hexdigest()[:15], 16)
 
 
-def run_batches(content: Content, kernel, batches, fixed_split):
-    """Run each batch of (rid, start, end) extends; out rows land at the request's positions."""
+def run_batches(content: Content, kernel, batches, fixed_split, pads=None):
+    """Run each batch of (rid, start, end) extends, with its padding member's tokens where `pads`
+    gives them (0: none); out rows land at the request's positions. A padding member is planned as
+    SplitPrefill plans it: its q rows repeat the batch's first row, its KV the batch's first KV
+    slot, and its output is dropped."""
     import torch
 
     out = torch.zeros_like(content.q)
     dev = content.device
     offset = content.offset
-    for entries in batches:
+    for entries, pad in zip(batches, pads or [0] * len(batches)):
         q_rows = torch.cat([torch.arange(offset[r] + s, offset[r] + e, device=dev) for r, s, e in entries])
         kv_indices = torch.cat([torch.arange(offset[r], offset[r] + e, device=dev) for r, _, e in entries])
-        qo_indptr = fa2.indptr([e - s for _, s, e in entries])
-        kv_indptr = fa2.indptr([e for _, _, e in entries])
-        out[q_rows] = kernel(
-            content.q[q_rows], content.k_cache, content.v_cache,
-            qo_indptr, kv_indptr, kv_indices.to(torch.int32), fixed_split,
+        lengths = [(e - s, e) for _, s, e in entries] + [(pad, pad)] * bool(pad)
+        got = kernel(
+            content.q[torch.cat([q_rows, q_rows[:1].expand(pad)])], content.k_cache, content.v_cache,
+            fa2.indptr([q for q, _ in lengths]), fa2.indptr([kv for _, kv in lengths]),
+            torch.cat([kv_indices, kv_indices[:1].expand(pad)]).to(torch.int32), fixed_split,
         )
+        out[q_rows] = got[: len(q_rows)]
     return out
 
 
@@ -219,7 +223,7 @@ def replay(doc, shapes=SHAPES, device="cuda", make_kernel=Fa2PagedPrefill):
                 alone = [[(rid, 0, r.prompt_len)] for rid, r in requests.items()]
                 solo[split] = run_batches(content, kernel, alone, split)
                 kernel.take_timing()
-            out = run_batches(content, kernel, fa2_calls(schedule), split)
+            out = run_batches(content, kernel, fa2_calls(schedule), split, call_pads(schedule))
             plan_calls, plan_ms, kernel_ms = kernel.take_timing()
             per_request = compare(content, out, solo[split], schedule, requests)
             del out

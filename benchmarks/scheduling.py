@@ -51,8 +51,10 @@ def _schedule_all(spec, configs, radix_modes, page_sizes, shapes, arrivals, sche
                     with sglang_config(cfg, radix, page_size) as server_args:
                         align = truncation_align_size(server_args, shape, page_size)
                         result = SchedulerDriver(spec, cfg, radix, align, page_size).run(arrivals)
-                    if len(result["calls"]) == len(result["steps"]):  # one call per step: the steps say it
-                        del result["calls"]
+                    if not any(result["pads"]):
+                        del result["pads"]
+                        if len(result["calls"]) == len(result["steps"]):  # one call per step: the steps say it
+                            del result["calls"]
                     schedules.append(dict(
                         config=cfg.name, radix=radix, page_size=page_size, shape=shape and shape.name,
                         chunk=cfg.chunk, fixed_split=cfg.fixed_split, truncation_align_size=align,

@@ -179,7 +179,9 @@ CONFIGS = (
 OFF_GRID_CHUNK_CONFIGS = tuple(SchedulingConfig(f"plugin-{chunk}", chunk, plugin=True) for chunk in (192, 320))
 # The rules before split attention (issue 32): requests wait to keep each batch on one tile. Only when named.
 NO_SPLIT_CONFIGS = (SchedulingConfig("plugin-256-no-split", 256, plugin=True, split_attention=False),)
-NAMED_CONFIGS = CONFIGS + OFF_GRID_CHUNK_CONFIGS + NO_SPLIT_CONFIGS  # what --configs may name
+# Padded calls (issue 48, SGLANG_CHUNK_ALIGN_PAD_TILES=1): radix hits kept whole. Only when named.
+PAD_CONFIGS = (SchedulingConfig("plugin-256-pad", 256, plugin=True, pad_tiles=True),)
+NAMED_CONFIGS = CONFIGS + OFF_GRID_CHUNK_CONFIGS + NO_SPLIT_CONFIGS + PAD_CONFIGS  # what --configs may name
 
 
 @dataclass(frozen=True)

@@ -297,3 +297,23 @@ def test_the_replay_runs_split_attentions_calls_which_keep_every_member_on_its_s
     one_call_per_step = {**doc, "schedules": [{k: v for k, v in schedule.items() if k != "calls"}]}
     [row] = replay_determinism.replay(one_call_per_step, (shape,), device="cpu", make_kernel=TileRuleKernel)
     assert row["exact_pct"] < 100.0 and row["plan_calls"] == len(schedule["steps"])
+
+
+def test_the_replay_runs_padded_calls_which_keep_radix_hits_whole_and_on_their_solo_tile():
+    """Issue 48's padded calls in the scheduler: with pads the same workload keeps more of its radix
+    hits (final pieces of any length), and the driver records each call's padding member. Replayed
+    with a kernel off wherever a member leaves its solo tile, the schedule is exact, as predicted,
+    when each call runs with its padding member, and not when the same calls run without it."""
+    shape = workload.ModelShape("g1-d128", 1, 1, 128)
+    configs = [c for c in workload.NAMED_CONFIGS if c.name in ("plugin-256", "plugin-256-pad")]
+    doc = scheduling.schedule_workload(workload.SMALL_WORKLOAD, configs, radix_modes=(True,),
+                                       shapes=[s for s in workload.SHAPES if s.name == shape.name])
+    unpadded, padded = by_name(doc, "plugin-256", True), by_name(doc, "plugin-256-pad", True)
+    assert "pads" not in unpadded and padded["radix_hit_tokens"] > unpadded["radix_hit_tokens"]
+    assert len(padded["pads"]) == len(padded["calls"]) and any(padded["pads"])
+    doc = {**doc, "schedules": [padded]}
+    [row] = replay_determinism.replay(doc, (shape,), device="cpu", make_kernel=TileRuleKernel)
+    assert row["exact_pct"] == row["predicted_exact_pct"] == 100.0 and row["plan_calls"] == len(padded["calls"])
+    pads_dropped = {**doc, "schedules": [{k: v for k, v in padded.items() if k != "pads"}]}
+    [row] = replay_determinism.replay(pads_dropped, (shape,), device="cpu", make_kernel=TileRuleKernel)
+    assert row["exact_pct"] == row["predicted_exact_pct"] < 100.0 and row["tile"] > 0

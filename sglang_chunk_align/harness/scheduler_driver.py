@@ -10,7 +10,8 @@ made). Stand-ins replace only what needs a GPU or a model: the model runner
 (no forward pass: each step samples a fixed token), ModelConfig, and the
 backend and Scheduler whose alignment steps run (standins.py). Every prefill
 step's batch is recorded as (request, start, end) extends, with the fa2 calls
-the backend runs it in (`calls`: one per tile class under split attention),
+the backend runs it in (`calls`: one per tile class under split attention;
+`pads`, beside them: the tokens of each call's padding member, 0 for none),
 and radix hits are followed to the request that computed the reused KV (the
 "donor"). The plugin's deferrals are counted by reason (`deferrals`, through
 prefill_hooks.counting_deferrals: a request deferred in n steps counts n times).
@@ -155,7 +156,7 @@ class SchedulerDriver:
         # Which request computed the KV in each slot, and at which position.
         self.slot_rid = torch.full((spec.kv_tokens + page_size,), -1, dtype=torch.int64)
         self.slot_pos = torch.full((spec.kv_tokens + page_size,), -1, dtype=torch.int64)
-        self.steps, self.calls, self.donors = [], [], {}
+        self.steps, self.calls, self.pads, self.donors = [], [], [], {}
         self.extended_to = {}  # rid -> end of its last extend while it holds its KV row
         self.stats = dict(prefill_steps=0, decode_steps=0, retracted=0, aborted=[], radix_hit_tokens=0, deferrals={})
 
@@ -196,7 +197,7 @@ class SchedulerDriver:
             else:
                 break
             step += 1
-        return dict(steps=self.steps, calls=self.calls, donors=self.donors, **self.stats)
+        return dict(steps=self.steps, calls=self.calls, pads=self.pads, donors=self.donors, **self.stats)
 
     def merge_last_prefill(self):
         """get_next_batch_to_run's head: stash the chunked request, merge the last prefill."""
@@ -307,7 +308,9 @@ class SchedulerDriver:
             self.slot_pos[slots] = torch.arange(start, end)
             entries.append((rid, start, end))
         self.steps.append(entries)
-        self.calls.extend(fa2_calls(entries))
+        for call, pad in fa2_calls(entries):
+            self.calls.append(call)
+            self.pads.append(pad)
         self.stats["prefill_steps"] += 1
         for req in batch.reqs:
             if req.inflight_middle_chunks > 0:
@@ -363,13 +366,15 @@ class SchedulerDriver:
 
 
 def fa2_calls(entries):
-    """A prefill step's (rid, start, end) extends as the fa2 calls the backend runs them in: one
-    per tile class where the rules in force split attention (split_attention.plan_by_tile),
-    else one."""
+    """A prefill step's (rid, start, end) extends as the fa2 calls the backend runs them in, each
+    with its padding member's tokens (0: none): one call per tile class where the rules in force
+    split attention (split_attention.plan_by_tile), padded where they pad; else one."""
     rules = prefill_hooks.rules_in_force()
     split = rules is not None and rules.split_attention and tile_groups(
         rules, [end - start for _, start, end in entries], [end for _, _, end in entries])
-    return [[entries[i] for i in group] for group in split.groups] if split else [entries]
+    if not split:
+        return [(entries, 0)]
+    return [([entries[i] for i in group], pad) for group, pad in zip(split.groups, split.pads)]
 
 
 def checkpoint_kv(req, tree, stash=False):
