@@ -208,6 +208,8 @@ def replay(doc, shapes=SHAPES, device="cuda", make_kernel=Fa2PagedPrefill):
 
     SGLang plans fa2 with page size 1 (token-level KV indices) whatever its
     KV page size, so a schedule made with page size 16 replays the same way.
+    A schedule with padded calls is replayed a second time without its pads
+    (config "..., pads dropped"): the control that shows its pads mattered.
     """
     requests = load_requests(doc)
     rows = []
@@ -215,7 +217,7 @@ def replay(doc, shapes=SHAPES, device="cuda", make_kernel=Fa2PagedPrefill):
         content = Content(requests, doc["group_lens"], shape, device)
         kernel = make_kernel(shape, device)
         solo = {}
-        for schedule in doc["schedules"]:
+        for schedule in with_pads_dropped(doc["schedules"]):
             if schedule["shape"] not in (None, shape.name):
                 continue
             split = schedule["fixed_split"]
@@ -245,6 +247,15 @@ def replay(doc, shapes=SHAPES, device="cuda", make_kernel=Fa2PagedPrefill):
             print(_format_row(rows[-1]), flush=True)
         del content, kernel, solo
     return rows
+
+
+def with_pads_dropped(schedules):
+    """Each schedule, followed, where it has padded calls, by the same calls without their pads."""
+    for schedule in schedules:
+        yield schedule
+        if any(call_pads(schedule)):
+            unpadded = {k: v for k, v in schedule.items() if k != "pads"}
+            yield {**unpadded, "calls": fa2_calls(schedule), "config": f"{schedule['config']}, pads dropped"}
 
 
 def _prediction_check(hazards, per_request):

@@ -311,9 +311,8 @@ def test_the_replay_runs_padded_calls_which_keep_radix_hits_whole_and_on_their_s
     unpadded, padded = by_name(doc, "plugin-256", True), by_name(doc, "plugin-256-pad", True)
     assert "pads" not in unpadded and padded["radix_hit_tokens"] > unpadded["radix_hit_tokens"]
     assert len(padded["pads"]) == len(padded["calls"]) and any(padded["pads"])
-    doc = {**doc, "schedules": [padded]}
-    [row] = replay_determinism.replay(doc, (shape,), device="cpu", make_kernel=TileRuleKernel)
+    rows = replay_determinism.replay({**doc, "schedules": [padded]}, (shape,), device="cpu", make_kernel=TileRuleKernel)
+    [row, control] = rows  # the replay's control: the same calls without their pads
     assert row["exact_pct"] == row["predicted_exact_pct"] == 100.0 and row["plan_calls"] == len(padded["calls"])
-    pads_dropped = {**doc, "schedules": [{k: v for k, v in padded.items() if k != "pads"}]}
-    [row] = replay_determinism.replay(pads_dropped, (shape,), device="cpu", make_kernel=TileRuleKernel)
-    assert row["exact_pct"] == row["predicted_exact_pct"] < 100.0 and row["tile"] > 0
+    assert control["config"] == "plugin-256-pad, pads dropped" and control["plan_calls"] == len(padded["calls"])
+    assert control["exact_pct"] == control["predicted_exact_pct"] < 100.0 and control["tile"] > 0
