@@ -59,7 +59,7 @@ RELEASE_MARKERS = {
 RELEASE_INDEPENDENT = (
     "test_decisions.py", "test_engine_records.py", "test_layout.py", "test_model_family_records.py",
     "test_planning.py", "test_probe.py", "test_profile_determinism.py", "test_release_wheels.py",
-    "test_serving_benchmark.py", "test_serving_records.py", "test_split_classes.py", "test_suite_guard.py",
+    "test_schedule_records.py", "test_serving_benchmark.py", "test_serving_records.py", "test_split_classes.py", "test_suite_guard.py",
 )
 
 
