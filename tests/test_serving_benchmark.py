@@ -606,6 +606,11 @@ def test_issue_48s_plan_runs_setups_serving_knows_with_a_control_on_models_it_ha
     assert not serving.SETUPS["nondet-256-control"].expect_identical
     for model in ("qwen2.5-7b", "granite-3.1-8b", "llama-3.2-3b"):
         assert f"MODEL={model}" in plan and (pathlib.Path(serving.__file__).parent / "models" / model / "config.json").exists()
+    # The padded schedules it replays first, named by the installed flashinfer, are committed for both releases.
+    replayed = [word.strip('"') for word in plan.split() if "schedules_" in word and "$release" in word]
+    assert replayed == ['benchmarks/schedules_pad_$release.json', 'benchmarks/schedules_chat_pad_$release.json']
+    for release in ("fi072", "fi074"):
+        assert all((pathlib.Path(serving.__file__).parents[1] / path.replace("$release", release)).exists() for path in replayed)
 
 
 def test_non_deterministic_flashinfer_compiles_its_kernels_beside_the_references(tmp_path, monkeypatch):

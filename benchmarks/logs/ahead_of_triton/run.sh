@@ -30,7 +30,8 @@
 # scheduling apart from its GEMMs. A setup starts while 60 s of --deadline-s remain and takes 2-3 min: at Qwen's
 # pace LIMIT=1400 would reach the seventh (not yet run).
 #
-#   usage: OUT=DIR MODEL=NAME [PY=python3] [SETUPS=a,b,...] [LIMIT=1140] bash benchmarks/logs/ahead_of_triton/run.sh
+#   usage: OUT=DIR MODEL=NAME [PY=python3] [SETUPS=a,b,...] [LIMIT=1140] [REPLAY_LIMIT=300] [PROBE_LIMIT=120] \
+#          bash benchmarks/logs/ahead_of_triton/run.sh
 # From the repository's root, SGLang 0.5.23 and flashinfer installed (.stage/gpu_prelude.sh). NAME: a folder
 # of benchmarks/models.
 set -u
@@ -42,6 +43,16 @@ mkdir -p "$out"
 . benchmarks/logs/gpu_steps.sh
 record_stack ""
 stand_in
+# First, padded calls through fa2 over whole workloads: the CPU's padded schedules for the installed flashinfer
+# (benchmarks/README.md, "Padded calls keep radix hits whole"), each replayed as SplitPrefill runs it and again with
+# its pads dropped, the control. REPLAY_LIMIT, 300 s (0 skips it); the serving run gets what is left of LIMIT.
+started=$(date +%s)
+if [ "${REPLAY_LIMIT:-300}" -gt 0 ]; then
+  release=fi$($py -c "import flashinfer; print(flashinfer.__version__.replace('.', ''))")
+  step replay_pads "${REPLAY_LIMIT:-300}" $py -m benchmarks.replay_determinism replay --schedules \
+    "benchmarks/schedules_pad_$release.json" "benchmarks/schedules_chat_pad_$release.json" --json "$out/replay_pads.json"
+fi
+limit=$(( limit - ($(date +%s) - started) ))
 step serving "$limit" $py benchmarks/serving.py --model-path "benchmarks/models/$model" --weights random \
   --checkpoints /tmp/checkpoints \
   --setups "${SETUPS:-plugin-256-defaults,nondet-256-control,plugin-256-pad,triton-256,stock-4096,plugin-1024-defaults,plugin-512-defaults,plugin-1024,triton-256-gemms}" \
