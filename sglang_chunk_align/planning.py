@@ -39,6 +39,7 @@ them alike.
 import math
 from typing import NamedTuple
 
+from .compat import PAD_TILES_ENV, SPLIT_ATTENTION_ENV, switch
 from .kernel_facts import facts_in_force
 
 # How chunk_end treats a final piece too short for the full tile that no earlier cut can merge.
@@ -256,6 +257,12 @@ def split_by_tile(members, rules):
     return TileSplit(tuple(tuple(sorted(g)) for _, g in calls),
                      tuple(sorted(i for (_, g), pad in zip(calls, pads) if pad is None for i in off_tile(g))),
                      tuple(pad or 0 for pad in pads))
+
+
+def switched_rules(can_split=True, **given):
+    """Rules with split attention (where the backend `can_split` its prefill too) and padded calls
+    as their switches give them: the scheduler's rules and `plan`'s read the switches here alone."""
+    return Rules(**given, split_attention=can_split and switch(SPLIT_ATTENTION_ENV), pad_tiles=switch(PAD_TILES_ENV))
 
 
 class Chunk(NamedTuple):

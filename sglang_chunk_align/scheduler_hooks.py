@@ -16,10 +16,10 @@ from . import decode_wait, prefill_hooks, releases, split_attention, unsplit_dec
 from .alignment import chunk_size_error
 from .backends import NOTHING, facts_needed, planned_prefill
 from .compat import (
-    DECODE_WAIT_ENV, PAD_TILES_ENV, RULES_ENV, SPLIT_ATTENTION_ENV, UNSPLIT_DECODE_ENV, check_switches, installed_version,
+    DECODE_WAIT_ENV, PAD_TILES_ENV, RULES_ENV, UNSPLIT_DECODE_ENV, check_switches, installed_version,
     radix_cache, sglang_at_least, switch,
 )
-from .planning import Rules
+from .planning import switched_rules
 
 logger = logging.getLogger("sglang_chunk_align")
 
@@ -227,11 +227,10 @@ def _rules_for(scheduler, declared, facts):
     split its prefill (split_attention.serves) and the switch leaves it on, and padded calls where
     their switch asks (Rules keeps them to split attention at a known head_dim)."""
     page_size = getattr(scheduler, "page_size", None) or 1
-    split = switch(SPLIT_ATTENTION_ENV) and all(map(split_attention.serves, declared.fa2))
     geometry = declared.geometry
     shape = {} if geometry is None else {"group": geometry.group, "head_dim": geometry.head_dim}
-    return Rules(**shape, page_size=page_size, facts=facts, split_attention=split, packed_chunk=declared.packed_chunk,
-                 pad_tiles=switch(PAD_TILES_ENV))
+    return switched_rules(all(map(split_attention.serves, declared.fa2)), **shape, page_size=page_size, facts=facts,
+                          packed_chunk=declared.packed_chunk)
 
 
 def _describe_rules(rules, declared):

@@ -11,7 +11,6 @@ import pytest
 from benchmarks import probe_split_attention as probe
 from benchmarks.workload import SHAPES, ModelShape
 from sglang_chunk_align.kernel_facts import FI072
-from sglang_chunk_align.planning import Rules
 
 ROOT = pathlib.Path(__file__).parent.parent
 

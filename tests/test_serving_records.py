@@ -7,7 +7,7 @@ import json
 import pathlib
 import tarfile
 
-from benchmarks import profile_determinism, real_server, serving_plot
+from benchmarks import profile_determinism, real_server
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LOGS = ROOT / "benchmarks" / "logs"

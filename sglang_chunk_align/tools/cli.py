@@ -27,15 +27,13 @@ from . import fa2, probe, verify
 from ..harness import standins
 from ..workspace import Planned
 from .arguments import at_least, report_errors_as_json
-from ..planning import Rules, plan
+from ..planning import plan, switched_rules
 from ..alignment import chunk_size_error
 from ..kernel_facts import chosen, facts_for, installed_flashinfer
 from ..compat import (
     DECODE_WAIT_ENV,
-    PAD_TILES_ENV,
     RADIX_OPT_IN_NEEDS,
     RULES_ENV,
-    SPLIT_ATTENTION_ENV,
     SUPPORTED_SGLANG,
     ChunkAlignError,
     admits,
@@ -46,7 +44,6 @@ from ..compat import (
     radix_cache,
     sglang_at_least,
     sglang_missing,
-    switch,
     switch_values,
 )
 
@@ -187,9 +184,7 @@ def run_plan(planner, args):
     if warning:
         print(f"WARNING: {warning}", file=sys.stderr)
     # Split attention and padded calls as the switches give them to the scheduler: pads keep radix hits whole.
-    rules = Rules(group=group, head_dim=head_dim, facts=facts,
-                  split_attention=switch(SPLIT_ATTENTION_ENV),
-                  pad_tiles=switch(PAD_TILES_ENV))
+    rules = switched_rules(group=group, head_dim=head_dim, facts=facts)
     # The chunk sizes the scheduler accepts, refused with its own message, naming plan's flag.
     error = chunk_size_error(args.chunk, facts.chunk_align, facts.chunk_align, min_piece=rules.min_tail, flag="--chunk")
     if error:
