@@ -37,6 +37,7 @@ from dataclasses import asdict
 
 from sglang_chunk_align.decisions import BEHIND_A_PARKED_CHUNK, OFF_TILE_IN_ITS_CALL, ONE_TILE_PER_BATCH
 from sglang_chunk_align.kernel_facts import facts_for
+from sglang_chunk_align.split_attention import with_pad
 from sglang_chunk_align.tools import fa2
 
 from .analysis import call_pads, fa2_calls, predict_hazards, prediction_summary, schedule_stats
@@ -138,9 +139,8 @@ def _seed(name):
 
 def run_batches(content: Content, kernel, batches, fixed_split, pads=None):
     """Run each batch of (rid, start, end) extends, with its padding member's tokens where `pads`
-    gives them (0: none); out rows land at the request's positions. A padding member is planned as
-    SplitPrefill plans it: its q rows repeat the batch's first row, its KV the batch's first KV
-    slot, and its output is dropped."""
+    gives them (0: none); out rows land at the request's positions. A padding member is laid out as
+    SplitPrefill lays it out (split_attention.with_pad), and its output is dropped."""
     import torch
 
     out = torch.zeros_like(content.q)
@@ -151,9 +151,9 @@ def run_batches(content: Content, kernel, batches, fixed_split, pads=None):
         kv_indices = torch.cat([torch.arange(offset[r], offset[r] + e, device=dev) for r, _, e in entries])
         lengths = [(e - s, e) for _, s, e in entries] + [(pad, pad)] * bool(pad)
         got = kernel(
-            content.q[torch.cat([q_rows, q_rows[:1].expand(pad)])], content.k_cache, content.v_cache,
+            content.q[with_pad(q_rows, pad)], content.k_cache, content.v_cache,
             fa2.indptr([q for q, _ in lengths]), fa2.indptr([kv for _, kv in lengths]),
-            torch.cat([kv_indices, kv_indices[:1].expand(pad)]).to(torch.int32), fixed_split,
+            with_pad(kv_indices, pad).to(torch.int32), fixed_split,
         )
         out[q_rows] = got[: len(q_rows)]
     return out

@@ -142,13 +142,9 @@ class SplitPrefill:
         self.rows = []
         for wrapper, group, pad in zip(self.wrappers, self.groups, self.pads):
             members = torch.tensor(group, dtype=torch.long).to(device)
-            kv_pages = _segments(kv, group).to(device)
-            rows = _segments(qo, group).to(device)
-            kv_indices, last_page_len = paged_kv_indices[kv_pages], paged_kv_last_page_len[members]
-            if pad:
-                kv_indices = torch.cat([kv_indices, kv_indices[:1].expand(pad)])
-                last_page_len = torch.cat([last_page_len, last_page_len[:1]])
-                rows = torch.cat([rows, rows[:1].expand(pad)])
+            kv_indices = with_pad(paged_kv_indices[_segments(kv, group).to(device)], pad)
+            last_page_len = with_pad(paged_kv_last_page_len[members], min(pad, 1))  # one more member
+            rows = with_pad(_segments(qo, group).to(device), pad)
             wrapper.plan(
                 _indptr(qo, group, pad), _indptr(kv, group, pad), kv_indices, last_page_len, *args, **kwargs,
             )
@@ -170,6 +166,14 @@ class SplitPrefill:
             members = len(rows) - pad
             out[rows[:members]] = part[:members]
         return out
+
+
+def with_pad(entries, pad):
+    """A call's `entries` (q rows, KV slots or a per-member tensor) and its padding member's `pad` more:
+    the call's first entry repeated, so that the member reads only what the batch already has."""
+    import torch
+
+    return torch.cat([entries, entries[:1].expand(pad)]) if pad else entries
 
 
 def _indptr(indptr, group, pad=0):
